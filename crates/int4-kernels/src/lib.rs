@@ -1,10 +1,41 @@
-//! 4-bit matrix kernels: `y[M,N] = x[M,K] · W[N,K]ᵀ (+ bias)` over the layouts of `int4-layout`.
+//! 4-bit matrix kernels: `y[M,N] = x[M,K]·W[N,K]ᵀ (+ bias)` over the layouts of `int4-layout`.
 //!
-//! This crate is where the W4A16 kernels (a decode GEMV reading the tinygemm layout, a prefill that
-//! dequantizes straight from it into bf16 panels for a bf16 GEMM), the W4A8 kernels (AVX-512 VNNI and AMX
-//! tiles, with a bit-exact software emulator of the tile instructions), the portable wna16 fallback and the
-//! scalar reference will live. Each ISA variant will be a type that can only be constructed after a runtime
-//! check of the live CPU, so that one binary runs on any x86-64.
+//! * [`w4a16`] — 4-bit weights in a tinygemm layout: a decode GEMV below `dequant_threshold` rows and a
+//!   prefill that dequantizes straight from the packed layout into bf16 panels for a GEMM at or above it;
+//! * [`dense`] — unquantized bf16 and f32 weights (the speed baseline and the fidelity reference path);
+//! * [`portable`] — the wna16 fallback over row-major codes, and the scalar counterparts of every SIMD
+//!   inner loop, running on any architecture;
+//! * [`reference`] — the scalar f64 definition every kernel is tested against; [`budget`] — the error
+//!   budget formulas those tests use; [`shapes`] — the shape corpus shared by tests and benchmarks.
 //!
-//! Nothing is implemented yet; the crate exists so the workspace has its final shape.
+//! # ISA dispatch and safety model
+//!
+//! One binary runs on any x86-64. SIMD code lives in `x86_64::*` as `#[target_feature]` functions, and is
+//! only reachable through a capability token ([`isa::Avx2Fma`]) that can only be constructed after a runtime
+//! check of the live CPU. A layer picks its engine once, when it is built ([`isa::IsaCaps`] applies the
+//! `INT4_ISA`/`INT4_DISABLE` caps), and reports which kernel runs each phase ([`kernel_id::KernelId`]).
+//! Every `unsafe` block carries a `// SAFETY:` argument; every `unsafe fn` a `# Safety` section.
+//!
+//! Threads (rayon) split output channels, never a K reduction, so every result is bit-identical for any
+//! thread count.
+//!
+//! This build has AVX2 + FMA kernels and portable ones. AVX-512 (BF16, VNNI) and AMX kernels are not in
+//! this crate yet: see `docs/perf.md` for why (the development machine cannot execute them).
 #![deny(missing_docs)]
+
+pub mod budget;
+pub mod ceiling;
+pub mod dense;
+pub mod error;
+mod gemm;
+pub mod isa;
+pub mod kernel_id;
+pub mod portable;
+pub mod reference;
+pub mod shapes;
+pub mod w4a16;
+#[cfg(target_arch = "x86_64")]
+mod x86_64;
+
+pub use error::{KernelError, KernelErrorKind};
+pub use kernel_id::KernelId;

@@ -1,0 +1,55 @@
+//! Names for the kernels, so a model can report which one ran each layer in each phase.
+
+use std::fmt;
+
+/// One kernel variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelId {
+    /// W4A16 decode GEMV over the tinygemm layout, AVX2 + FMA.
+    W4a16DecodeAvx2,
+    /// W4A16 decode, portable Rust over the tinygemm layout.
+    W4a16DecodePortable,
+    /// W4A16 prefill: dequantize straight from the tinygemm layout to bf16 panels, f32-FMA GEMM, AVX2.
+    W4a16PrefillDirectAvx2,
+    /// W4A16 prefill from the split-halves planes (`direct_dequant: false`), AVX2.
+    W4a16PrefillHalvesAvx2,
+    /// W4A16 prefill, portable Rust.
+    W4a16PrefillPortable,
+    /// The wna16 fallback: portable Rust over row-major codes.
+    Wna16Portable,
+    /// Unquantized bf16 weights, GEMV, AVX2.
+    DenseBf16GemvAvx2,
+    /// Unquantized bf16 weights, GEMM, AVX2.
+    DenseBf16GemmAvx2,
+    /// Unquantized f32 weights, GEMV, AVX2.
+    DenseF32GemvAvx2,
+    /// Unquantized f32 weights, GEMM, AVX2.
+    DenseF32GemmAvx2,
+    /// Unquantized weights, portable Rust.
+    DensePortable,
+}
+
+impl KernelId {
+    /// A stable, short name (used in reports and benchmark output).
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelId::W4a16DecodeAvx2 => "w4a16-decode-avx2",
+            KernelId::W4a16DecodePortable => "w4a16-decode-portable",
+            KernelId::W4a16PrefillDirectAvx2 => "w4a16-prefill-direct-avx2",
+            KernelId::W4a16PrefillHalvesAvx2 => "w4a16-prefill-halves-avx2",
+            KernelId::W4a16PrefillPortable => "w4a16-prefill-portable",
+            KernelId::Wna16Portable => "wna16-portable",
+            KernelId::DenseBf16GemvAvx2 => "dense-bf16-gemv-avx2",
+            KernelId::DenseBf16GemmAvx2 => "dense-bf16-gemm-avx2",
+            KernelId::DenseF32GemvAvx2 => "dense-f32-gemv-avx2",
+            KernelId::DenseF32GemmAvx2 => "dense-f32-gemm-avx2",
+            KernelId::DensePortable => "dense-portable",
+        }
+    }
+}
+
+impl fmt::Display for KernelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,43 @@
+//! The scalar reference: naive loops over unpacked codes, accumulated in f64.
+//!
+//! This is what every kernel is tested against, and it never changes to make a kernel pass. It is
+//! deliberately separate from the portable fallback ([`crate::portable`]): the fallback is a kernel with its
+//! own error budget, the reference is the definition. Weights come from [`int4_layout::dequantize`] (the
+//! crate-wide rule); activations are taken as given (bf16 activations are converted to f32 exactly first).
+
+use int4_layout::{Codes, GroupParams};
+
+/// `y[m][n] = Σ_k x[m][k]·w(n, k) + bias[n]` in f64, `x` row-major `[M][K]`, `y` row-major `[M][N]`.
+pub fn w4a16(x: &[f32], m: usize, codes: &Codes, params: &GroupParams, bias: Option<&[f32]>) -> Vec<f64> {
+    let (n, k) = (codes.n(), codes.k());
+    assert_eq!(x.len(), m * k, "activations must be [M][K]");
+    let mut w = vec![0.0f64; k];
+    let mut y = vec![0.0f64; m * n];
+    for col in 0..n {
+        for (kk, wk) in w.iter_mut().enumerate() {
+            *wk = f64::from(params.weight(col, kk, codes.get(col, kk)));
+        }
+        let b = bias.map_or(0.0, |b| f64::from(b[col]));
+        for row in 0..m {
+            let xr = &x[row * k..(row + 1) * k];
+            y[row * n + col] = xr.iter().zip(&w).map(|(&a, &b)| f64::from(a) * b).sum::<f64>() + b;
+        }
+    }
+    y
+}
+
+/// `y = x·Wᵀ + bias` in f64 for unquantized weights `w` (`[N][K]`, row-major, as f32).
+pub fn dense(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Vec<f64> {
+    assert_eq!(x.len(), m * k, "activations must be [M][K]");
+    assert_eq!(w.len(), n * k, "weights must be [N][K]");
+    let mut y = vec![0.0f64; m * n];
+    for row in 0..m {
+        let xr = &x[row * k..(row + 1) * k];
+        for col in 0..n {
+            let wr = &w[col * k..(col + 1) * k];
+            let b = bias.map_or(0.0, |b| f64::from(b[col]));
+            y[row * n + col] = xr.iter().zip(wr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() + b;
+        }
+    }
+    y
+}

@@ -1,0 +1,479 @@
+//! W4A16: 4-bit weights in a tinygemm layout, bf16 (or f32) activations, f32 accumulation.
+//!
+//! [`W4A16Linear::forward`] computes `y[M,N] = x[M,K]·W[N,K]ᵀ (+ bias)` by one of two kernels, chosen by M:
+//!
+//! * **decode** (`M < dequant_threshold`): a GEMV that reads each packed byte once per block of four rows
+//!   and keeps the group's scale and zero out of the inner loop (`s·Σ x·(q − 8) + z·Σ x` per group);
+//! * **prefill** (`M ≥ dequant_threshold`): dequantize from the packed layout into panels, one lane group
+//!   and K chunk at a time, and run the GEMM microkernel over them ([`crate::gemm`]). On AVX2 (no bf16
+//!   arithmetic) the panels hold the exact f32 weights and the microkernel is f32 FMA. With
+//!   `direct_dequant: true` (the default) the panels come straight from the tinygemm bytes and no second
+//!   copy of the weights exists; with `false` the layer also keeps split-halves planes and the prefill
+//!   reads those instead (the upstream system's arrangement, kept for comparison).
+//!
+//! Both read the layout through *lane groups* ([`LaneGroup`]): eight bytes per input channel holding
+//! sixteen output channels. Every tinygemm variant (64- or 32-channel blocks, and the adjacent-pair tails)
+//! decomposes into lane groups, so one kernel reads them all.
+//!
+//! Threads split lane groups (N), never a K reduction, so results are bit-identical for any thread count.
+
+use half::bf16;
+use int4_layout::tinygemm::{self, TinygemmBlock, TinygemmMatrix};
+use int4_layout::{Codes, GroupParams, GroupSize, halves};
+use rayon::prelude::*;
+
+use crate::error::{KernelError, KernelErrorKind, check_len};
+use crate::gemm::{self, Engine};
+use crate::isa::{Avx2Fma, IsaCaps, IsaLevel};
+use crate::kernel_id::KernelId;
+use crate::portable;
+
+/// The row count at and above which [`W4A16Linear`] takes the prefill kernel, unless configured otherwise.
+///
+/// Chosen from `cargo xtask bench`'s crossover measurement on the development machine (see
+/// `docs/perf.md`): below it the decode GEMV is faster, at and above it the dequantizing GEMM is.
+pub const DEFAULT_DEQUANT_THRESHOLD: usize = 16;
+
+/// Decode processes this many activation rows per pass over the weights.
+const DECODE_ROWS: usize = 4;
+
+/// How a W4A16 layer chooses and feeds its kernels (the `cpu_int4` checkpoint keys of the same names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct W4A16Config {
+    /// Rows at or above which the prefill kernel runs.
+    pub dequant_threshold: usize,
+    /// Prefill dequantizes from the tinygemm bytes (`true`) or from a kept split-halves copy (`false`).
+    pub direct_dequant: bool,
+}
+
+impl Default for W4A16Config {
+    fn default() -> Self {
+        W4A16Config { dequant_threshold: DEFAULT_DEQUANT_THRESHOLD, direct_dequant: true }
+    }
+}
+
+/// Sixteen output channels that a tinygemm layout stores in eight contiguous bytes per input channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneGroup {
+    /// Byte offset of input channel 0's eight bytes.
+    pub offset: usize,
+    /// Bytes from one input channel's eight bytes to the next's.
+    pub stride: usize,
+    /// `channels[j]` is the output channel in lane `j`: lanes 0..8 are the low nibbles of bytes 0..8,
+    /// lanes 8..16 the high nibbles.
+    pub channels: [u32; 16],
+}
+
+/// The lane groups of a tinygemm layout of `n × k`, in channel-block order.
+pub fn lane_groups(block: TinygemmBlock, n: usize, k: usize) -> Vec<LaneGroup> {
+    let width = block.width();
+    let mut out = Vec::with_capacity(n / 16);
+    let mut c0 = 0;
+    while c0 < n {
+        let nb = width.min(n - c0);
+        let base = c0 * k / 2;
+        let line = nb / 2;
+        for h in 0..nb / 16 {
+            let mut channels = [0u32; 16];
+            for j in 0..8 {
+                let (lo, hi) = if nb == width {
+                    // Byte d of a full block holds channels d and d + width/2.
+                    (c0 + 8 * h + j, c0 + 8 * h + j + width / 2)
+                } else {
+                    // A tail stores adjacent pairs: byte d holds channels 2d and 2d + 1.
+                    (c0 + 2 * (8 * h + j), c0 + 2 * (8 * h + j) + 1)
+                };
+                channels[j] = lo as u32;
+                channels[j + 8] = hi as u32;
+            }
+            out.push(LaneGroup { offset: base + 8 * h, stride: line, channels });
+        }
+        c0 += nb;
+    }
+    out
+}
+
+/// A W4A16 layer's weights: the tinygemm bytes, their parameters arranged per lane group, and (only with
+/// `direct_dequant: false`) the split-halves planes.
+#[derive(Clone, Debug)]
+pub struct W4A16Weights {
+    n: usize,
+    k: usize,
+    group: GroupSize,
+    block: TinygemmBlock,
+    packed: Vec<u8>,
+    /// Per lane group, per group: `[s_lo 8][s_hi 8][z_lo 8][z_hi 8]` in lane order.
+    lane_params: Vec<f32>,
+    lanes: Vec<LaneGroup>,
+    halves: Option<Vec<u8>>,
+    params: GroupParams,
+}
+
+impl W4A16Weights {
+    /// Packs codes and parameters into the tinygemm layout with `block`-wide channel blocks. N must be a
+    /// multiple of 16 and K even (see [`int4_layout::Codes::padded_n`]).
+    pub fn new(
+        codes: &Codes,
+        params: GroupParams,
+        block: TinygemmBlock,
+        direct_dequant: bool,
+    ) -> Result<Self, KernelError> {
+        let packed = tinygemm::pack(codes, block)?;
+        let halves = if direct_dequant { None } else { Some(halves::pack(codes)?) };
+        Self::from_packed(packed, params, block, halves)
+    }
+
+    /// Wraps already-packed tinygemm bytes (for example from the artifact cache).
+    pub fn from_packed(
+        packed: Vec<u8>,
+        params: GroupParams,
+        block: TinygemmBlock,
+        halves: Option<Vec<u8>>,
+    ) -> Result<Self, KernelError> {
+        let (n, k) = (params.n(), params.k());
+        TinygemmMatrix::new(&packed, n, k, block)?;
+        if let Some(h) = &halves {
+            check_len("split halves", n * k / 2, h.len())?;
+        }
+        let lanes = lane_groups(block, n, k);
+        let groups = params.groups();
+        let mut lane_params = Vec::with_capacity(lanes.len() * groups * 32);
+        for lg in &lanes {
+            for g in 0..groups {
+                lane_params.extend(lg.channels.iter().map(|&c| params.scale(c as usize, g)));
+                lane_params.extend(lg.channels.iter().map(|&c| params.zero(c as usize, g)));
+            }
+        }
+        Ok(W4A16Weights { n, k, group: params.group_size(), block, packed, lane_params, lanes, halves, params })
+    }
+
+    /// Output channels.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input channels.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The tinygemm block width of the packed bytes.
+    pub fn block(&self) -> TinygemmBlock {
+        self.block
+    }
+
+    /// The packed tinygemm bytes.
+    pub fn packed(&self) -> &[u8] {
+        &self.packed
+    }
+
+    /// The canonical parameters.
+    pub fn params(&self) -> &GroupParams {
+        &self.params
+    }
+
+    /// Bytes the decode kernel streams per call: packed codes plus f32 scales and zeros.
+    pub fn decode_bytes(&self) -> usize {
+        self.packed.len() + self.lane_params.len() * 4
+    }
+
+    /// Bytes this layer holds (packed, parameters, and the split halves if kept).
+    pub fn resident_bytes(&self) -> usize {
+        self.decode_bytes() + self.halves.as_ref().map_or(0, Vec::len)
+    }
+
+    fn lane_sz(&self, lg: usize) -> &[f32] {
+        let per = self.params.groups() * 32;
+        &self.lane_params[lg * per..(lg + 1) * per]
+    }
+
+    /// The bytes a lane group reads: from its offset to its last input channel's eight bytes.
+    fn lane_bytes(&self, lg: usize) -> &[u8] {
+        let l = &self.lanes[lg];
+        &self.packed[l.offset..l.offset + (self.k - 1) * l.stride + 8]
+    }
+}
+
+/// A W4A16 layer ready to run: weights, optional bias, configuration and the ISA it was built for.
+#[derive(Clone, Debug)]
+pub struct W4A16Linear {
+    weights: W4A16Weights,
+    bias: Option<Vec<f32>>,
+    config: W4A16Config,
+    engine: Engine,
+}
+
+impl W4A16Linear {
+    /// Builds the layer for the best ISA the process caps allow on this CPU.
+    pub fn new(weights: W4A16Weights, bias: Option<Vec<f32>>, config: W4A16Config) -> Result<Self, KernelError> {
+        Self::with_caps(weights, bias, config, IsaCaps::process())
+    }
+
+    /// Builds the layer for the best ISA `caps` allows on this CPU.
+    pub fn with_caps(
+        weights: W4A16Weights,
+        bias: Option<Vec<f32>>,
+        config: W4A16Config,
+        caps: &IsaCaps,
+    ) -> Result<Self, KernelError> {
+        let engine = Avx2Fma::with_caps(caps).map_or(Engine::Portable, Engine::Avx2);
+        Self::build(weights, bias, config, engine)
+    }
+
+    /// Builds the layer on the kernels of exactly `level`, or fails with a clear error naming what is
+    /// missing (the CPU lacks it, `caps` forbids it, or this build has no kernel for it). Never SIGILL.
+    pub fn forced(
+        weights: W4A16Weights,
+        bias: Option<Vec<f32>>,
+        config: W4A16Config,
+        level: IsaLevel,
+        caps: &IsaCaps,
+    ) -> Result<Self, KernelError> {
+        let engine = match level {
+            IsaLevel::Portable => Engine::Portable,
+            IsaLevel::Avx2 => {
+                Engine::Avx2(Avx2Fma::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
+                    kernel: "w4a16-avx2",
+                    missing: "AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
+                }))?)
+            }
+            IsaLevel::Avx512 | IsaLevel::Amx => {
+                return Err(KernelError::new(KernelErrorKind::Unavailable {
+                    kernel: "w4a16-avx512",
+                    missing: "this build has no AVX-512 or AMX W4A16 kernels yet",
+                }));
+            }
+        };
+        Self::build(weights, bias, config, engine)
+    }
+
+    fn build(
+        weights: W4A16Weights,
+        bias: Option<Vec<f32>>,
+        config: W4A16Config,
+        engine: Engine,
+    ) -> Result<Self, KernelError> {
+        if let Some(b) = &bias {
+            check_len("bias", weights.n, b.len())?;
+        }
+        if !config.direct_dequant && weights.halves.is_none() {
+            return Err(KernelError::new(KernelErrorKind::Layout(
+                "direct_dequant: false needs the split-halves planes; build the weights with direct_dequant = false"
+                    .into(),
+            )));
+        }
+        Ok(W4A16Linear { weights, bias, config, engine })
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &W4A16Weights {
+        &self.weights
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> W4A16Config {
+        self.config
+    }
+
+    /// The kernel `forward` runs for `m` rows.
+    pub fn kernel_for(&self, m: usize) -> KernelId {
+        match (m >= self.config.dequant_threshold, self.engine, self.config.direct_dequant) {
+            (false, Engine::Avx2(_), _) => KernelId::W4a16DecodeAvx2,
+            (false, Engine::Portable, _) => KernelId::W4a16DecodePortable,
+            (true, Engine::Avx2(_), true) => KernelId::W4a16PrefillDirectAvx2,
+            (true, Engine::Avx2(_), false) => KernelId::W4a16PrefillHalvesAvx2,
+            (true, Engine::Portable, _) => KernelId::W4a16PrefillPortable,
+        }
+    }
+
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with bf16 activations.
+    pub fn forward_bf16(&self, x: &[bf16], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        self.forward(&xf, m, out)
+    }
+
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`: decode below the threshold, prefill at or above it.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if m < self.config.dequant_threshold { self.decode(x, m, out) } else { self.prefill(x, m, out) }
+    }
+
+    /// Runs the decode kernel for any `m` (the threshold is not consulted).
+    pub fn decode(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let w = &self.weights;
+        let (n, k) = (w.n, w.k);
+        check_len("activations", m * k, x.len())?;
+        check_len("output", m * n, out.len())?;
+        if m == 0 {
+            return Ok(());
+        }
+        let g_len = w.group.len(k);
+        let groups = w.params.groups();
+        let xs = portable::group_sums(x, m, k, g_len);
+        let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
+        // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
+        let min_lanes = (65536 / (16 * k)).max(1);
+        tiles.par_chunks_mut(m * 16).with_min_len(min_lanes).enumerate().for_each(|(lg, tile)| {
+            let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
+            let mut r0 = 0;
+            while r0 < m {
+                let mr = DECODE_ROWS.min(m - r0);
+                let xr = &x[r0 * k..];
+                let xsr = &xs[r0 * groups..];
+                let t = &mut tile[r0 * 16..(r0 + mr) * 16];
+                match self.engine {
+                    Engine::Avx2(tok) => decode_avx2(tok, mr, xr, k, xsr, lb, stride, sz, g_len, t),
+                    Engine::Portable => portable::decode_lane_group(mr, xr, k, xsr, lb, stride, sz, k, g_len, t),
+                }
+                r0 += mr;
+            }
+        });
+        let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
+        gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+        Ok(())
+    }
+
+    /// Runs the prefill kernel for any `m` (the threshold is not consulted).
+    pub fn prefill(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let w = &self.weights;
+        let (n, k) = (w.n, w.k);
+        check_len("activations", m * k, x.len())?;
+        check_len("output", m * n, out.len())?;
+        if m == 0 {
+            return Ok(());
+        }
+        let g_len = w.group.len(k);
+        let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
+        let engine = self.engine;
+        let direct = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
+            let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
+            match engine {
+                Engine::Avx2(tok) => dequant_panel_avx2(tok, lb, stride, sz, k0, k1, g_len, panel),
+                Engine::Portable => portable::dequant_panel(lb, stride, sz, k0, k1, g_len, panel),
+            }
+        };
+        match (&w.halves, self.config.direct_dequant) {
+            (Some(h), false) => {
+                let from_halves = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
+                    halves_panel(h, &w.params, &w.lanes[lg].channels, k, k0, k1, panel)
+                };
+                gemm::panel_gemm(engine, x, m, k, &mut tiles, &from_halves);
+            }
+            _ => gemm::panel_gemm(engine, x, m, k, &mut tiles, &direct),
+        }
+        let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
+        gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+        Ok(())
+    }
+}
+
+/// The `direct_dequant: false` panel producer: reads each lane's channel row from the split-halves planes.
+fn halves_panel(
+    h: &[u8],
+    params: &GroupParams,
+    channels: &[u32; 16],
+    k: usize,
+    k0: usize,
+    k1: usize,
+    panel: &mut [f32],
+) {
+    let half = k / 2;
+    let g_len = params.group_size().len(k);
+    for (j, &c) in channels.iter().enumerate() {
+        let c = c as usize;
+        let row = &h[c * half..(c + 1) * half];
+        for kk in k0..k1 {
+            let b = row[kk % half];
+            let q = if kk >= half { b >> 4 } else { b & 0xF };
+            let g = kk / g_len;
+            let w = int4_layout::dequantize(q, params.scale(c, g), params.zero(c, g));
+            panel[(kk - k0) * 16 + j] = w;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+fn decode_avx2(
+    _tok: Avx2Fma,
+    mr: usize,
+    x: &[f32],
+    k: usize,
+    xs: &[f32],
+    bytes: &[u8],
+    stride: usize,
+    sz: &[f32],
+    g_len: usize,
+    tile: &mut [f32],
+) {
+    let groups = k.div_ceil(g_len);
+    assert!((1..=DECODE_ROWS).contains(&mr));
+    assert!(x.len() >= (mr - 1) * k + k && xs.len() >= mr * groups);
+    assert!(bytes.len() >= (k - 1) * stride + 8 && sz.len() >= groups * 32 && tile.len() >= mr * 16);
+    use crate::x86_64::avx2::decode_lane_group as d;
+    let (xp, xsp, bp, szp, tp) = (x.as_ptr(), xs.as_ptr(), bytes.as_ptr(), sz.as_ptr(), tile.as_mut_ptr());
+    // SAFETY: `Avx2Fma` proves AVX2 and FMA. The asserts give every range `decode_lane_group` reads
+    // (x rows r < mr of k floats at stride k; xs[r·groups + g]; 8 bytes at kk·stride for kk < k;
+    // sz[g·32 .. g·32 + 32]) and writes (tile[0..mr·16]).
+    unsafe {
+        match mr {
+            // Few rows: more accumulator sets, so enough FMA chains are in flight.
+            1 => d::<1, 4>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
+            2 => d::<2, 2>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
+            3 => d::<3, 1>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
+            _ => d::<4, 1>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+fn dequant_panel_avx2(
+    _tok: Avx2Fma,
+    bytes: &[u8],
+    stride: usize,
+    sz: &[f32],
+    k0: usize,
+    k1: usize,
+    g_len: usize,
+    panel: &mut [f32],
+) {
+    assert!(k1 > k0 && bytes.len() >= (k1 - 1) * stride + 8);
+    assert!(sz.len() >= ((k1 - 1) / g_len + 1) * 32 && panel.len() >= (k1 - k0) * 16);
+    // SAFETY: `Avx2Fma` proves AVX2 and FMA; the asserts give the byte, parameter and panel ranges the
+    // function touches for input channels k0..k1.
+    unsafe {
+        crate::x86_64::avx2::dequant_panel(bytes.as_ptr(), stride, sz.as_ptr(), k0, k1, g_len, panel.as_mut_ptr())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[cfg(not(target_arch = "x86_64"))]
+fn decode_avx2(
+    _tok: Avx2Fma,
+    mr: usize,
+    x: &[f32],
+    k: usize,
+    xs: &[f32],
+    bytes: &[u8],
+    stride: usize,
+    sz: &[f32],
+    g_len: usize,
+    tile: &mut [f32],
+) {
+    portable::decode_lane_group(mr, x, k, xs, bytes, stride, sz, k, g_len, tile)
+}
+
+#[allow(clippy::too_many_arguments)]
+#[cfg(not(target_arch = "x86_64"))]
+fn dequant_panel_avx2(
+    _tok: Avx2Fma,
+    bytes: &[u8],
+    stride: usize,
+    sz: &[f32],
+    k0: usize,
+    k1: usize,
+    g_len: usize,
+    panel: &mut [f32],
+) {
+    portable::dequant_panel(bytes, stride, sz, k0, k1, g_len, panel)
+}

@@ -1,0 +1,320 @@
+//! AVX2 + FMA kernels: the W4A16 decode GEMV over lane groups, the dequantizing panel producer for prefill,
+//! the f32 GEMM microkernel and the dense dot products.
+//!
+//! **Lane groups.** Every tinygemm layout, for either block width and for the adjacent-pair tails, can be
+//! read eight bytes at a time: for each input channel `k`, eight contiguous bytes at `offset + k·stride`
+//! hold sixteen output channels, eight in the low nibbles and eight in the high nibbles (which sixteen is the
+//! layout's business: [`crate::w4a16::LaneGroup`] records it). One 8-byte load, a zero extension to eight
+//! dwords, a mask and a shift give both halves. The decode converts the codes to f32 directly and factors
+//! the 8 out per group; the prefill needs `q − 8` itself (its panels hold the exact dequantized weight), and
+//! gets it by OR-ing the nibble into the mantissa of 2²³ and subtracting 2²³ + 8, exact in one more
+//! instruction.
+//!
+//! **Safety model.** Every function here is an `unsafe fn` with `#[target_feature(enable = "avx2,fma")]`.
+//! Its `# Safety` section has two parts: the CPU must have AVX2 and FMA (callers hold an
+//! [`crate::isa::Avx2Fma`] token, which is only constructed after a runtime check), and the pointer
+//! ranges it lists must be valid. The safe drivers in [`crate::w4a16`], [`crate::gemm`] and [`crate::dense`]
+//! check those ranges with slice lengths before calling.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// 2²³ as f32 bits: OR a value below 2²³ into its mantissa and the float equals 2²³ + value.
+const MAGIC: i32 = 0x4B00_0000;
+/// 2²³ + 8: subtracting it from `MAGIC | q` gives `q − 8` exactly.
+const MAGIC_PLUS_8: f32 = 8_388_616.0;
+
+/// Unpacks one lane group's eight bytes for one input channel into `(q − 8)` for the low-nibble lanes and
+/// the high-nibble lanes.
+///
+/// # Safety
+/// The CPU must support AVX2; `src` must be valid for reading 8 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn unpack8(src: *const u8, mask: __m256i, magic: __m256i, magic8: __m256) -> (__m256, __m256) {
+    // SAFETY: the caller guarantees 8 readable bytes at `src`; `_mm_loadl_epi64` reads exactly 8 and has no
+    // alignment requirement.
+    let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(src.cast()) });
+    let lo = _mm256_or_si256(_mm256_and_si256(v, mask), magic);
+    let hi = _mm256_or_si256(_mm256_srli_epi32::<4>(v), magic);
+    (_mm256_sub_ps(_mm256_castsi256_ps(lo), magic8), _mm256_sub_ps(_mm256_castsi256_ps(hi), magic8))
+}
+
+/// Unpacks one lane group's eight bytes for one input channel into the codes `q` (0..15, as f32) of the
+/// low-nibble lanes and the high-nibble lanes: five instructions for sixteen weights.
+///
+/// # Safety
+/// The CPU must support AVX2; `src` must be valid for reading 8 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn unpack8_codes(src: *const u8, mask: __m256i) -> (__m256, __m256) {
+    // SAFETY: the caller guarantees 8 readable bytes at `src`; `_mm_loadl_epi64` reads exactly 8 and has no
+    // alignment requirement.
+    let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(src.cast()) });
+    (_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v)))
+}
+
+/// W4A16 decode for one lane group and `MR` rows, for the group's sixteen lanes `j` (low-nibble lanes
+/// 0..8, high-nibble lanes 8..16):
+///
+/// `tile[r][j] = Σ_g s·Σ_{k∈g} x[r][k]·q + (z − 8s)·xs[r][g]`, which is `Σ_k x·((q − 8)·s + z)`.
+///
+/// Using `q` rather than `q − 8` in the inner loop saves two instructions per sixteen weights (the inner
+/// loop is compute-bound on AVX2); the price is a larger sum of magnitudes in the error budget
+/// ([`crate::budget::magnitudes_w4_decode`]).
+///
+/// `U` independent accumulator sets take input channels in turn (channel `k0 + i` goes to set `i mod U`
+/// within a group, except the last `len mod U`, which go to set 0), so that `U·MR·2` FMA chains hide the FMA latency when there are few rows. Order, per
+/// lane: each set adds its products in K order (`fma`); at the end of a group the sets are summed in set
+/// order, then `tile = fma(s, acc, tile)` and `tile = fma(z, xs, tile)`, groups in order.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA. For every `r < MR` and `kk < k`, `x.add(r·ldx + kk)` must be
+/// readable; `xs.add(r·groups + g)` readable for every group `g < ceil(k/g_len)`;
+/// `bytes.add(kk·stride + 7)` readable for every `kk < k`; `sz.add(g·32 + 31)` readable for every group;
+/// `tile.add(r·16 + 15)` writable for every `r < MR`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn decode_lane_group<const MR: usize, const U: usize>(
+    x: *const f32,
+    ldx: usize,
+    xs: *const f32,
+    bytes: *const u8,
+    stride: usize,
+    sz: *const f32,
+    k: usize,
+    g_len: usize,
+    tile: *mut f32,
+) {
+    let mask = _mm256_set1_epi32(0xF);
+    let eight = _mm256_set1_ps(8.0);
+    let groups = k.div_ceil(g_len);
+    let mut tot = [[_mm256_setzero_ps(); 2]; MR];
+    for g in 0..groups {
+        let k0 = g * g_len;
+        let k1 = (k0 + g_len).min(k);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; MR]; U];
+        let mut kk = k0;
+        // U channels per step, one per accumulator set (U is a constant: the loop unrolls and every set
+        // stays in registers). The group's last `len mod U` channels go to set 0.
+        while kk + U <= k1 {
+            for (u, set) in acc.iter_mut().enumerate() {
+                // SAFETY: kk + u < k1 <= k, so the 8 bytes at (kk + u)·stride are in range.
+                let (wlo, whi) = unsafe { unpack8_codes(bytes.add((kk + u) * stride), mask) };
+                for (r, a) in set.iter_mut().enumerate() {
+                    // SAFETY: r < MR and kk + u < k: x[r·ldx + kk + u] is readable (caller contract).
+                    let xb = _mm256_set1_ps(unsafe { *x.add(r * ldx + kk + u) });
+                    a[0] = _mm256_fmadd_ps(wlo, xb, a[0]);
+                    a[1] = _mm256_fmadd_ps(whi, xb, a[1]);
+                }
+            }
+            kk += U;
+        }
+        while kk < k1 {
+            // SAFETY: kk < k, so the 8 bytes at kk·stride are in range (caller contract).
+            let (wlo, whi) = unsafe { unpack8_codes(bytes.add(kk * stride), mask) };
+            for (r, a) in acc[0].iter_mut().enumerate() {
+                // SAFETY: r < MR and kk < k: x[r·ldx + kk] is readable (caller contract).
+                let xb = _mm256_set1_ps(unsafe { *x.add(r * ldx + kk) });
+                a[0] = _mm256_fmadd_ps(wlo, xb, a[0]);
+                a[1] = _mm256_fmadd_ps(whi, xb, a[1]);
+            }
+            kk += 1;
+        }
+        let mut sum = acc[0];
+        for set in &acc[1..] {
+            for (s, a) in sum.iter_mut().zip(set) {
+                s[0] = _mm256_add_ps(s[0], a[0]);
+                s[1] = _mm256_add_ps(s[1], a[1]);
+            }
+        }
+        // SAFETY: g < groups, so sz[g·32 .. g·32 + 32] is readable (caller contract).
+        let (s_lo, s_hi, z_lo, z_hi) = unsafe {
+            let p = sz.add(g * 32);
+            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)))
+        };
+        // z − 8s, once per group.
+        let (z_lo, z_hi) = (_mm256_fnmadd_ps(eight, s_lo, z_lo), _mm256_fnmadd_ps(eight, s_hi, z_hi));
+        for (r, (t, a)) in tot.iter_mut().zip(&sum).enumerate() {
+            // SAFETY: r < MR, g < groups: xs[r·groups + g] is readable (caller contract).
+            let xsum = _mm256_set1_ps(unsafe { *xs.add(r * groups + g) });
+            t[0] = _mm256_fmadd_ps(z_lo, xsum, _mm256_fmadd_ps(s_lo, a[0], t[0]));
+            t[1] = _mm256_fmadd_ps(z_hi, xsum, _mm256_fmadd_ps(s_hi, a[1], t[1]));
+        }
+    }
+    for (r, t) in tot.iter().enumerate() {
+        // SAFETY: r < MR: tile[r·16 .. r·16 + 16] is writable (caller contract).
+        unsafe {
+            _mm256_storeu_ps(tile.add(r * 16), t[0]);
+            _mm256_storeu_ps(tile.add(r * 16 + 8), t[1]);
+        }
+    }
+}
+
+/// Dequantizes input channels `k0..k1` of one lane group straight from the packed bytes into a panel
+/// `[k1 − k0][16]` of f32 weights, `(q − 8)·s + z` by the crate-wide rule (bit for bit
+/// `int4_layout::dequantize`). Without bf16 arithmetic there is nothing to gain from rounding them to
+/// bf16, so the FMA GEMM runs on the exact weights.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA. `bytes.add(kk·stride + 7)` readable for `kk` in `k0..k1`;
+/// `sz.add(g·32 + 31)` readable for every group `g` touched (`kk / g_len`); `panel` writable for
+/// `(k1 − k0)·16` floats.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dequant_panel(
+    bytes: *const u8,
+    stride: usize,
+    sz: *const f32,
+    k0: usize,
+    k1: usize,
+    g_len: usize,
+    panel: *mut f32,
+) {
+    let mask = _mm256_set1_epi32(0xF);
+    let magic = _mm256_set1_epi32(MAGIC);
+    let magic8 = _mm256_set1_ps(MAGIC_PLUS_8);
+    let mut kk = k0;
+    while kk < k1 {
+        let g = kk / g_len;
+        let end = ((g + 1) * g_len).min(k1);
+        // SAFETY: group g is touched, so sz[g·32 .. g·32 + 32] is readable (caller contract).
+        let (s_lo, s_hi, z_lo, z_hi) = unsafe {
+            let p = sz.add(g * 32);
+            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)))
+        };
+        for j in kk..end {
+            // SAFETY: j is in k0..k1: its 8 bytes are readable and panel row j − k0 is writable.
+            unsafe {
+                let (qlo, qhi) = unpack8(bytes.add(j * stride), mask, magic, magic8);
+                // (q − 8)·s, then + z: two roundings, no FMA, exactly `int4_layout::dequantize`.
+                let wlo = _mm256_add_ps(_mm256_mul_ps(qlo, s_lo), z_lo);
+                let whi = _mm256_add_ps(_mm256_mul_ps(qhi, s_hi), z_hi);
+                let dst = panel.add((j - k0) * 16);
+                _mm256_storeu_ps(dst, wlo);
+                _mm256_storeu_ps(dst.add(8), whi);
+            }
+        }
+        kk = end;
+    }
+}
+
+/// The f32 GEMM microkernel: `tile[r][0..16] += Σ_p a[r][p]·panel[p][0..16]` for `r < MR`, `p < kc`,
+/// accumulating in K order with FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA. `a.add(r·lda + p)` readable for `r < MR`, `p < kc`;
+/// `panel.add(p·16 + 15)` readable for `p < kc`; `tile.add(r·16 + 15)` readable and writable for `r < MR`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn gemm_microkernel<const MR: usize>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    panel: *const f32,
+    tile: *mut f32,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    for (r, c) in acc.iter_mut().enumerate() {
+        // SAFETY: r < MR: tile row r is readable (caller contract).
+        unsafe {
+            c[0] = _mm256_loadu_ps(tile.add(r * 16));
+            c[1] = _mm256_loadu_ps(tile.add(r * 16 + 8));
+        }
+    }
+    for p in 0..kc {
+        // SAFETY: p < kc: panel row p is readable (caller contract).
+        let (b0, b1) = unsafe { (_mm256_loadu_ps(panel.add(p * 16)), _mm256_loadu_ps(panel.add(p * 16 + 8))) };
+        for (r, c) in acc.iter_mut().enumerate() {
+            // SAFETY: r < MR, p < kc: a[r·lda + p] is readable (caller contract).
+            let ab = _mm256_set1_ps(unsafe { *a.add(r * lda + p) });
+            c[0] = _mm256_fmadd_ps(ab, b0, c[0]);
+            c[1] = _mm256_fmadd_ps(ab, b1, c[1]);
+        }
+    }
+    for (r, c) in acc.iter().enumerate() {
+        // SAFETY: r < MR: tile row r is writable (caller contract).
+        unsafe {
+            _mm256_storeu_ps(tile.add(r * 16), c[0]);
+            _mm256_storeu_ps(tile.add(r * 16 + 8), c[1]);
+        }
+    }
+}
+
+/// Horizontal sum of eight lanes in a fixed order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// `Σ_i a[i]·b[i]` over `len` f32 pairs: four 8-lane FMA chains, combined in a fixed order, then the tail.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `a` and `b` readable for `len` floats.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_f32(a: *const f32, b: *const f32, len: usize) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= len {
+        for (j, c) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 32 <= len, so lanes i + 8j .. i + 8j + 8 are readable.
+            unsafe { *c = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8 * j)), _mm256_loadu_ps(b.add(i + 8 * j)), *c) };
+        }
+        i += 32;
+    }
+    while i + 8 <= len {
+        // SAFETY: i + 8 <= len.
+        unsafe { acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc[0]) };
+        i += 8;
+    }
+    let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    while i < len {
+        // SAFETY: i < len.
+        unsafe { s = (*a.add(i)).mul_add(*b.add(i), s) };
+        i += 1;
+    }
+    s
+}
+
+/// Widens eight bf16 (as `u16` bits) to f32.
+///
+/// # Safety
+/// The CPU must support AVX2; `src` readable for 8 `u16`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load_bf16x8(src: *const u16) -> __m256 {
+    // SAFETY: 16 readable bytes at `src` (caller contract); no alignment requirement.
+    let v = _mm256_cvtepu16_epi32(unsafe { _mm_loadu_si128(src.cast()) });
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+}
+
+/// `Σ_i a[i]·b[i]` with `b` in bf16 (raw bits), the same chain structure as [`dot_f32`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `a` readable for `len` floats, `b` for `len` `u16`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_bf16(a: *const f32, b: *const u16, len: usize) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= len {
+        for (j, c) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 32 <= len.
+            unsafe { *c = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8 * j)), load_bf16x8(b.add(i + 8 * j)), *c) };
+        }
+        i += 32;
+    }
+    while i + 8 <= len {
+        // SAFETY: i + 8 <= len.
+        unsafe { acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), load_bf16x8(b.add(i)), acc[0]) };
+        i += 8;
+    }
+    let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    while i < len {
+        // SAFETY: i < len.
+        unsafe { s = (*a.add(i)).mul_add(f32::from_bits(u32::from(*b.add(i)) << 16), s) };
+        i += 1;
+    }
+    s
+}

@@ -1,0 +1,304 @@
+//! W4A16 kernels against the scalar reference, on the shared shape corpus, for every ISA variant this
+//! machine can run (each variant built directly, not only through dispatch).
+
+mod common;
+
+use common::{Rng, assert_within, layer, runnable_variants};
+use int4_kernels::budget::{Budget, magnitudes_w4, magnitudes_w4_decode};
+use int4_kernels::isa::{IsaCaps, IsaLevel};
+use int4_kernels::shapes::{TEST_GROUPS, TEST_K, TEST_M, TEST_N};
+use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights, lane_groups};
+use int4_kernels::{KernelErrorKind, KernelId, reference};
+use int4_layout::tinygemm::{TinygemmBlock, TinygemmMatrix};
+use int4_layout::{GroupParams, GroupSize};
+
+fn build(
+    codes: &int4_layout::Codes,
+    params: &GroupParams,
+    block: TinygemmBlock,
+    direct: bool,
+    bias: Option<Vec<f32>>,
+    level: IsaLevel,
+) -> W4A16Linear {
+    let weights = W4A16Weights::new(codes, params.clone(), block, direct).unwrap();
+    let config = W4A16Config { direct_dequant: direct, ..W4A16Config::default() };
+    W4A16Linear::forced(weights, bias, config, level, &IsaCaps::unrestricted()).unwrap()
+}
+
+/// Every (N, K, M) of the corpus, cycling group sizes, bias on and off and both block widths; decode,
+/// direct-dequant prefill and split-halves prefill each run directly and must stay within their budgets.
+#[test]
+fn w4a16_kernels_match_the_reference_on_the_shape_corpus() {
+    let variants = runnable_variants("w4a16 corpus");
+    let mut rng = Rng::new(1);
+    let mut cases = 0;
+    for (ni, &n) in TEST_N.iter().enumerate() {
+        for (ki, &k) in TEST_K.iter().enumerate() {
+            let group = TEST_GROUPS[(ni + ki) % TEST_GROUPS.len()];
+            let (codes, params) = layer(&mut rng, n, k, group);
+            let bias: Option<Vec<f32>> = ((ni + ki) % 2 == 0).then(|| (0..n).map(|_| rng.normal()).collect());
+            let block = if (ni + ki) % 2 == 0 { TinygemmBlock::N64 } else { TinygemmBlock::N32 };
+            if n % block.width() != 0 && n < 16 {
+                continue;
+            }
+            for &m in &TEST_M {
+                // The largest reference (2048 x 576 x 512) once is enough.
+                if n == 2048 && m == 512 && ki == 1 {
+                    continue;
+                }
+                let x = rng.activations(m, k);
+                let want = reference::w4a16(&x, m, &codes, &params, bias.as_deref());
+                let mu = magnitudes_w4(&x, m, &codes, &params);
+                let mu_d = magnitudes_w4_decode(&x, m, &codes, &params);
+                let b = |i: usize| bias.as_ref().map_or(0.0, |b| f64::from(b[i % n]));
+                for v in &variants {
+                    let what = format!("{} N={n} K={k} M={m} {group:?} {block:?} bias={}", v.name, bias.is_some());
+                    let lin = build(&codes, &params, block, false, bias.clone(), v.level);
+                    let mut out = vec![f32::NAN; m * n];
+                    lin.decode(&x, m, &mut out).unwrap();
+                    assert_within(&format!("decode {what}"), &out, &want, |i| {
+                        Budget::F32_ACCUMULATE.bound(k, mu_d[i], b(i))
+                    });
+                    lin.prefill(&x, m, &mut out).unwrap();
+                    assert_within(&format!("prefill (halves) {what}"), &out, &want, |i| {
+                        Budget::F32_ACCUMULATE.bound(k, mu[i], b(i))
+                    });
+                    let direct = build(&codes, &params, block, true, bias.clone(), v.level);
+                    let mut out2 = vec![f32::NAN; m * n];
+                    direct.prefill(&x, m, &mut out2).unwrap();
+                    // Both prefill producers make the same panels (the same f32 weights), so their
+                    // outputs are identical, not merely close.
+                    assert_eq!(out, out2, "direct and halves prefill differ: {what}");
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases >= 90 * variants.len(), "ran {cases} cases");
+}
+
+/// Every group size on a K that none divides, for both block widths, decode and prefill.
+#[test]
+fn every_group_size_with_a_partial_last_group() {
+    let variants = runnable_variants("w4a16 group sizes");
+    let mut rng = Rng::new(2);
+    let (n, k, m) = (80, 200, 5);
+    for group in TEST_GROUPS.into_iter().chain([GroupSize::PerChannel]) {
+        let (codes, params) = layer(&mut rng, n, k, group);
+        let x = rng.activations(m, k);
+        let want = reference::w4a16(&x, m, &codes, &params, None);
+        let mu = magnitudes_w4(&x, m, &codes, &params);
+        let mu_d = magnitudes_w4_decode(&x, m, &codes, &params);
+        for v in &variants {
+            for block in [TinygemmBlock::N64, TinygemmBlock::N32] {
+                let lin = build(&codes, &params, block, true, None, v.level);
+                let mut out = vec![0.0; m * n];
+                lin.decode(&x, m, &mut out).unwrap();
+                assert_within(&format!("{} decode {group:?} {block:?}", v.name), &out, &want, |i| {
+                    Budget::F32_ACCUMULATE.bound(k, mu_d[i], 0.0)
+                });
+                lin.prefill(&x, m, &mut out).unwrap();
+                assert_within(&format!("{} prefill {group:?} {block:?}", v.name), &out, &want, |i| {
+                    Budget::F32_ACCUMULATE.bound(k, mu[i], 0.0)
+                });
+            }
+        }
+    }
+}
+
+/// The fused deinterleave: the prefill's panels are exactly the layout crate's direct decode.
+/// Checked through outputs: with one-hot activations, prefill output (m, n) is the weight at (n, k_m).
+#[test]
+fn prefill_panels_are_the_direct_decode_bit_for_bit() {
+    let variants = runnable_variants("w4a16 panels");
+    let mut rng = Rng::new(3);
+    for (n, block) in [(144, TinygemmBlock::N64), (48, TinygemmBlock::N32), (80, TinygemmBlock::N32)] {
+        let k = 576;
+        let (codes, params) = layer(&mut rng, n, k, GroupSize::G128);
+        let packed = int4_layout::tinygemm::pack(&codes, block).unwrap();
+        let mut dec = vec![0.0f32; n * k];
+        TinygemmMatrix::new(&packed, n, k, block).unwrap().decode_k_range(&params, 0..k, &mut dec).unwrap();
+        // Rows of x are one-hot at k = 0, 1, 255, 256, 257, 575 (panel and group boundaries).
+        let ks = [0usize, 1, 255, 256, 257, 575];
+        let mut x = vec![0.0f32; ks.len() * k];
+        for (r, &kk) in ks.iter().enumerate() {
+            x[r * k + kk] = 1.0;
+        }
+        for v in &variants {
+            let lin = build(&codes, &params, block, true, None, v.level);
+            let mut out = vec![0.0; ks.len() * n];
+            lin.prefill(&x, ks.len(), &mut out).unwrap();
+            for (r, &kk) in ks.iter().enumerate() {
+                for c in 0..n {
+                    assert_eq!(out[r * n + c], dec[c * k + kk], "{} {block:?} N={n} (n={c}, k={kk})", v.name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_and_prefill_agree_at_the_threshold() {
+    let variants = runnable_variants("w4a16 threshold");
+    let mut rng = Rng::new(4);
+    let (n, k) = (576, 576);
+    let (codes, params) = layer(&mut rng, n, k, GroupSize::G128);
+    for v in &variants {
+        let lin = build(&codes, &params, TinygemmBlock::N64, true, None, v.level);
+        let t = lin.config().dequant_threshold;
+        assert!(t >= 2);
+        assert_eq!(
+            lin.kernel_for(t - 1),
+            if v.level == IsaLevel::Avx2 { KernelId::W4a16DecodeAvx2 } else { KernelId::W4a16DecodePortable }
+        );
+        assert_eq!(
+            lin.kernel_for(t),
+            if v.level == IsaLevel::Avx2 { KernelId::W4a16PrefillDirectAvx2 } else { KernelId::W4a16PrefillPortable }
+        );
+        // M = t − 1 goes to decode and M = t to prefill; the same rows through both paths agree within
+        // the sum of the two budgets.
+        let x = rng.activations(t, k);
+        let mu = magnitudes_w4(&x, t, &codes, &params);
+        let mu_d = magnitudes_w4_decode(&x, t, &codes, &params);
+        let mut below = vec![0.0; (t - 1) * n];
+        lin.forward(&x[..(t - 1) * k], t - 1, &mut below).unwrap();
+        let mut at = vec![0.0; t * n];
+        lin.forward(&x, t, &mut at).unwrap();
+        for i in 0..(t - 1) * n {
+            let b = Budget::F32_ACCUMULATE.bound(k, mu_d[i], 0.0) + Budget::F32_ACCUMULATE.bound(k, mu[i], 0.0);
+            assert!((f64::from(below[i]) - f64::from(at[i])).abs() <= b, "{} output {i}", v.name);
+        }
+    }
+}
+
+/// Threads split N, never K: one thread and two give the same bits, for decode and prefill.
+#[test]
+fn results_are_bit_identical_for_any_thread_count() {
+    let variants = runnable_variants("w4a16 threads");
+    let mut rng = Rng::new(5);
+    let (n, k) = (2048, 576);
+    let (codes, params) = layer(&mut rng, n, k, GroupSize::G128);
+    let pool1 = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let pool2 = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let pool3 = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    for v in &variants {
+        let lin = build(&codes, &params, TinygemmBlock::N64, true, None, v.level);
+        for m in [1, 3, 17] {
+            let x = rng.activations(m, k);
+            let run = |pool: &rayon::ThreadPool, prefill: bool| {
+                let mut out = vec![0.0; m * n];
+                pool.install(|| if prefill { lin.prefill(&x, m, &mut out) } else { lin.decode(&x, m, &mut out) })
+                    .unwrap();
+                out
+            };
+            for prefill in [false, true] {
+                let one = run(&pool1, prefill);
+                assert!(
+                    one == run(&pool2, prefill) && one == run(&pool3, prefill),
+                    "{} m={m} prefill={prefill}",
+                    v.name
+                );
+            }
+        }
+    }
+}
+
+/// The budgets are tight enough to matter: a scale one bf16 ulp off in a single group breaks them, for
+/// decode (five groups) and prefill (one group spanning K), and the bf16-weights budget (which allows a
+/// 2⁻⁸ error per weight) still catches it when the group spans K. The layer is built so nothing can hide the
+/// error: codes 8..15 (`q − 8 ≥ 0`), zero 0, positive activations, and scales of 2⁻⁶ so that one bf16 ulp
+/// is a relative error of 2⁻⁷ and every weight is exact in bf16.
+#[test]
+fn the_budget_catches_a_scale_one_bf16_ulp_off() {
+    let variants = runnable_variants("w4a16 budget sensitivity");
+    let mut rng = Rng::new(6);
+    for (k, group, budget, prefill) in [
+        (576, GroupSize::G128, Budget::F32_ACCUMULATE, false),
+        (576, GroupSize::G128, Budget::F32_ACCUMULATE, true),
+        (128, GroupSize::PerChannel, Budget::BF16_WEIGHTS, true),
+    ] {
+        let n = 16;
+        let codes = int4_layout::Codes::from_fn(n, k, |_, _| 8 + (rng.next_u64() % 8) as u8).unwrap();
+        let g = group.groups(k);
+        let scale = 1.0f32 / 64.0;
+        let params = GroupParams::new(n, k, group, vec![scale; n * g], vec![0.0; n * g]).unwrap();
+        let mut scales = params.scales().to_vec();
+        scales[0] = half::bf16::from_bits(half::bf16::from_f32(scale).to_bits() + 1).to_f32();
+        let bad = GroupParams::new(n, k, group, scales, params.zeros().to_vec()).unwrap();
+        let x: Vec<f32> = (0..k).map(|_| half::bf16::from_f32(0.5 + rng.unit()).to_f32()).collect();
+        let mu =
+            if prefill { magnitudes_w4(&x, 1, &codes, &params) } else { magnitudes_w4_decode(&x, 1, &codes, &params) };
+        let want = reference::w4a16(&x, 1, &codes, &params, None);
+        for v in &variants {
+            let correct = build(&codes, &params, TinygemmBlock::N64, true, None, v.level);
+            let broken = build(&codes, &bad, TinygemmBlock::N64, true, None, v.level);
+            let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+            if prefill {
+                correct.prefill(&x, 1, &mut a).unwrap();
+                broken.prefill(&x, 1, &mut b).unwrap();
+            } else {
+                correct.decode(&x, 1, &mut a).unwrap();
+                broken.decode(&x, 1, &mut b).unwrap();
+            }
+            assert_within(&format!("{} correct", v.name), &a, &want, |i| budget.bound(k, mu[i], 0.0));
+            let err = (f64::from(b[0]) - want[0]).abs();
+            assert!(err > budget.bound(k, mu[0], 0.0), "{}: the broken scale (groups={g}) went unnoticed", v.name);
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let mut rng = Rng::new(7);
+    let (codes, params) = layer(&mut rng, 64, 64, GroupSize::G32);
+    let w = W4A16Weights::new(&codes, params.clone(), TinygemmBlock::N64, true).unwrap();
+    let e = W4A16Linear::forced(
+        w.clone(),
+        Some(vec![0.0; 63]),
+        W4A16Config::default(),
+        IsaLevel::Portable,
+        &IsaCaps::unrestricted(),
+    );
+    assert!(matches!(e.unwrap_err().kind(), KernelErrorKind::Shape { what: "bias", .. }));
+    let lin =
+        W4A16Linear::forced(w.clone(), None, W4A16Config::default(), IsaLevel::Portable, &IsaCaps::unrestricted())
+            .unwrap();
+    let mut out = vec![0.0; 64];
+    assert!(matches!(
+        lin.forward(&[0.0; 63], 1, &mut out).unwrap_err().kind(),
+        KernelErrorKind::Shape { what: "activations", .. }
+    ));
+    assert!(matches!(
+        lin.forward(&[0.0; 64], 1, &mut out[..10]).unwrap_err().kind(),
+        KernelErrorKind::Shape { what: "output", .. }
+    ));
+    // The halves path without halves.
+    let cfg = W4A16Config { direct_dequant: false, ..W4A16Config::default() };
+    assert!(W4A16Linear::forced(w.clone(), None, cfg, IsaLevel::Portable, &IsaCaps::unrestricted()).is_err());
+    // A forced path the process cannot run is an error naming what is missing, never SIGILL.
+    let capped = IsaCaps::unrestricted().with_max_level(IsaLevel::Portable);
+    let e = W4A16Linear::forced(w.clone(), None, W4A16Config::default(), IsaLevel::Avx2, &capped).unwrap_err();
+    assert!(e.to_string().contains("AVX2"), "{e}");
+    let e =
+        W4A16Linear::forced(w, None, W4A16Config::default(), IsaLevel::Avx512, &IsaCaps::unrestricted()).unwrap_err();
+    assert!(matches!(e.kind(), KernelErrorKind::Unavailable { .. }));
+    // Shapes the layout cannot pack.
+    let (c50, p50) = layer(&mut rng, 50, 64, GroupSize::G32);
+    assert!(W4A16Weights::new(&c50, p50, TinygemmBlock::N64, true).is_err());
+}
+
+/// Lane groups cover every channel exactly once, for every N class and both block widths.
+#[test]
+fn lane_groups_partition_the_channels() {
+    for block in [TinygemmBlock::N64, TinygemmBlock::N32] {
+        for n in (16..=320).step_by(16) {
+            let mut seen = vec![0u8; n];
+            for lg in lane_groups(block, n, 8) {
+                for c in lg.channels {
+                    seen[c as usize] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{block:?} N={n}");
+        }
+    }
+}
