@@ -1,0 +1,224 @@
+//! The kernel table: W4A16 and dense kernels at the project's real shapes, measured side by side with the
+//! machine's own ceilings, interleaved round by round so that a noisy neighbour moves them together.
+//!
+//! `cargo xtask bench` runs this (release build, every core) and prints the markdown table; `--json FILE`
+//! writes the same numbers for machines; `--quick` uses fewer shapes and rounds.
+//!
+//! Per shape and round: a streaming read over the packed weights (the bandwidth ceiling for that very
+//! buffer), W4A16 decode at M = 1 and M = 4, the dense bf16 GEMV and its own streaming read, W4A16 prefill
+//! at M = 512 from the packed layout and from split halves, the dense bf16 GEMM, and the FMA peak. Each
+//! figure is the median over rounds of the per-call time.
+
+use std::time::{Duration, Instant};
+
+use half::bf16;
+use int4_kernels::ceiling;
+use int4_kernels::dense::{DenseLinear, DenseWeights};
+use int4_kernels::isa::IsaCaps;
+use int4_kernels::shapes::{SMOLLM2_SHAPES, UPSTREAM_SHAPES};
+use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
+use int4_layout::GroupSize;
+use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
+use int4_layout::tinygemm::TinygemmBlock;
+use serde_json::json;
+
+/// Calls `f` until at least `budget` has passed (and at least twice) and returns the mean time per call.
+fn time_per_call(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = Instant::now();
+    let mut calls = 0u32;
+    while calls < 2 || start.elapsed() < budget {
+        f();
+        calls += 1;
+    }
+    start.elapsed().as_secs_f64() / f64::from(calls)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Row {
+    name: String,
+    n: usize,
+    k: usize,
+    packed_bytes: usize,
+    read_packed: f64,
+    decode1: f64,
+    decode4: f64,
+    read_bf16: f64,
+    gemv_bf16: f64,
+    prefill_direct: f64,
+    prefill_halves: f64,
+    gemm_bf16: f64,
+    fma_flops: f64,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let json_path = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
+    let rounds = if quick { 3 } else { 7 };
+    let budget = Duration::from_millis(if quick { 15 } else { 60 });
+    let m_prefill = 512;
+
+    let level = IsaCaps::process().effective_level();
+    let block = TinygemmBlock::N32;
+    let threads = rayon::current_num_threads();
+    eprintln!("kernel table: ISA {} ({} threads), {} rounds", level.name(), threads, rounds);
+
+    let shapes: Vec<(&str, usize, usize)> = if quick {
+        vec![UPSTREAM_SHAPES[0], SMOLLM2_SHAPES[2], SMOLLM2_SHAPES[4]]
+    } else {
+        UPSTREAM_SHAPES.iter().chain(SMOLLM2_SHAPES.iter()).copied().collect()
+    };
+
+    let mut rows = Vec::new();
+    for (name, n, k) in shapes {
+        eprintln!("  {name} {n}x{k} ...");
+        let w = int4_benches::weights(n, k, 7);
+        let q = quantize_asymmetric(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
+        let direct = W4A16Linear::new(
+            W4A16Weights::new(&q.codes, q.params.clone(), block, true).unwrap(),
+            None,
+            W4A16Config::default(),
+        )
+        .unwrap();
+        let halves = W4A16Linear::new(
+            W4A16Weights::new(&q.codes, q.params.clone(), block, false).unwrap(),
+            None,
+            W4A16Config { direct_dequant: false, ..W4A16Config::default() },
+        )
+        .unwrap();
+        let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+        drop(w);
+        drop(q);
+        let bf16_bytes: Vec<u8> = wb.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        let dense = DenseLinear::new(n, k, DenseWeights::Bf16(wb), None).unwrap();
+        let x1 = int4_benches::weights(1, k, 8);
+        let x4 = int4_benches::weights(4, k, 9);
+        let xp = int4_benches::weights(m_prefill, k, 10);
+        let (mut o1, mut o4, mut op) = (vec![0.0; n], vec![0.0; 4 * n], vec![0.0; m_prefill * n]);
+        let packed = direct.weights().packed().to_vec();
+        let mut sink = 0u64;
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 9];
+        for _ in 0..rounds {
+            samples[0].push(time_per_call(budget, || sink ^= ceiling::stream_read(&packed)));
+            samples[1].push(time_per_call(budget, || direct.decode(&x1, 1, &mut o1).unwrap()));
+            samples[2].push(time_per_call(budget, || direct.decode(&x4, 4, &mut o4).unwrap()));
+            samples[3].push(time_per_call(budget, || sink ^= ceiling::stream_read(&bf16_bytes)));
+            samples[4].push(time_per_call(budget, || dense.forward(&x1, 1, &mut o1).unwrap()));
+            samples[5].push(time_per_call(budget, || direct.prefill(&xp, m_prefill, &mut op).unwrap()));
+            samples[6].push(time_per_call(budget, || halves.prefill(&xp, m_prefill, &mut op).unwrap()));
+            samples[7].push(time_per_call(budget, || dense.forward(&xp, m_prefill, &mut op).unwrap()));
+            let iters = 200_000;
+            let t = time_per_call(budget, || sink ^= u64::from(ceiling::fma_peak(iters).1.to_bits()));
+            samples[8].push(ceiling::fma_peak(1).0 as f64 * iters as f64 / t);
+        }
+        std::hint::black_box(sink);
+        let med: Vec<f64> = samples.into_iter().map(median).collect();
+        rows.push(Row {
+            name: name.to_string(),
+            n,
+            k,
+            packed_bytes: direct.weights().decode_bytes(),
+            read_packed: med[0],
+            decode1: med[1],
+            decode4: med[2],
+            read_bf16: med[3],
+            gemv_bf16: med[4],
+            prefill_direct: med[5],
+            prefill_halves: med[6],
+            gemm_bf16: med[7],
+            fma_flops: med[8],
+        });
+    }
+
+    println!(
+        "\n### Kernels: {} threads, ISA {}, W4A16 g128 ({:?} blocks), prefill M = {m_prefill}\n",
+        threads,
+        level.name(),
+        block
+    );
+    println!(
+        "| shape | N×K | read GB/s (packed) | decode M=1 µs | GB/s | % of read | ns/weight | M=4 / M=1 | bf16 GEMV GB/s (% of its read) | prefill GFLOP/s | % of FMA peak | direct / halves | vs bf16 GEMM |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut out = Vec::new();
+    for r in &rows {
+        let read_gbs = r.packed_bytes as f64 / r.read_packed / 1e9;
+        let dec_gbs = r.packed_bytes as f64 / r.decode1 / 1e9;
+        let bf16_read = (r.n * r.k * 2) as f64 / r.read_bf16 / 1e9;
+        let gemv_gbs = (r.n * r.k * 2) as f64 / r.gemv_bf16 / 1e9;
+        let flops = 2.0 * (m_prefill * r.n * r.k) as f64;
+        let gflops = flops / r.prefill_direct / 1e9;
+        let peak = r.fma_flops / 1e9;
+        println!(
+            "| {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.3} | {:.2} | {:.1} ({:.0}%) | {:.1} | {:.0}% of {:.0} | {:.3} | {:.2}× |",
+            r.name,
+            r.n,
+            r.k,
+            read_gbs,
+            r.decode1 * 1e6,
+            dec_gbs,
+            100.0 * dec_gbs / read_gbs,
+            r.decode1 * 1e9 / (r.n * r.k) as f64,
+            r.decode4 / r.decode1,
+            gemv_gbs,
+            100.0 * gemv_gbs / bf16_read,
+            gflops,
+            100.0 * gflops / peak,
+            peak,
+            r.prefill_direct / r.prefill_halves,
+            r.gemm_bf16 / r.prefill_direct,
+        );
+        out.push(json!({
+            "shape": r.name, "n": r.n, "k": r.k, "packed_bytes": r.packed_bytes,
+            "stream_read_packed_s": r.read_packed, "decode_m1_s": r.decode1, "decode_m4_s": r.decode4,
+            "stream_read_bf16_s": r.read_bf16, "dense_bf16_gemv_m1_s": r.gemv_bf16,
+            "prefill_direct_s": r.prefill_direct, "prefill_halves_s": r.prefill_halves,
+            "dense_bf16_gemm_s": r.gemm_bf16, "fma_peak_flops": r.fma_flops,
+            "decode_gbs": dec_gbs, "stream_read_gbs": read_gbs, "prefill_gflops": gflops,
+        }));
+    }
+
+    // Where the prefill overtakes decode: the dequant_threshold evidence.
+    let (n, k) = (2048, 2048);
+    let w = int4_benches::weights(n, k, 11);
+    let q = quantize_asymmetric(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
+    let lin =
+        W4A16Linear::new(W4A16Weights::new(&q.codes, q.params, block, true).unwrap(), None, W4A16Config::default())
+            .unwrap();
+    println!("\n### Decode vs prefill by M ({n}×{k}): µs per call\n");
+    println!("| M | decode | prefill | faster |");
+    println!("|---|---|---|---|");
+    let mut crossover = Vec::new();
+    for m in [1usize, 2, 4, 6, 8, 12, 16, 20, 24, 32] {
+        let x = int4_benches::weights(m, k, 12);
+        let mut o = vec![0.0; m * n];
+        let mut d = Vec::new();
+        let mut p = Vec::new();
+        for _ in 0..rounds {
+            d.push(time_per_call(budget, || lin.decode(&x, m, &mut o).unwrap()));
+            p.push(time_per_call(budget, || lin.prefill(&x, m, &mut o).unwrap()));
+        }
+        let (d, p) = (median(d), median(p));
+        println!("| {m} | {:.1} | {:.1} | {} |", d * 1e6, p * 1e6, if d <= p { "decode" } else { "prefill" });
+        crossover.push(json!({"m": m, "decode_s": d, "prefill_s": p}));
+    }
+
+    if let Some(path) = json_path {
+        let doc = json!({
+            "schema": "int4-kernel-table/1",
+            "isa": level.name(), "threads": threads, "rounds": rounds, "quick": quick,
+            "group_size": 128, "block": format!("{block:?}"), "prefill_m": m_prefill,
+            "rows": out, "crossover_2048x2048": crossover,
+        });
+        if let Some(dir) = std::path::Path::new(&path).parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+        eprintln!("wrote {path}");
+    }
+}
