@@ -75,6 +75,7 @@ fn main() {
     };
 
     let mut rows = Vec::new();
+    let mut wna16_rows = Vec::new();
     for (name, n, k) in shapes {
         eprintln!("  {name} {n}x{k} ...");
         let w = int4_benches::weights(n, k, 7);
@@ -91,6 +92,7 @@ fn main() {
             W4A16Config { direct_dequant: false, ..W4A16Config::default() },
         )
         .unwrap();
+        let wna16 = int4_kernels::portable::Wna16Linear::from_codes(&q.codes, q.params.clone(), None).unwrap();
         let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
         drop(w);
         drop(q);
@@ -102,7 +104,7 @@ fn main() {
         let (mut o1, mut o4, mut op) = (vec![0.0; n], vec![0.0; 4 * n], vec![0.0; m_prefill * n]);
         let packed = direct.weights().packed().to_vec();
         let mut sink = 0u64;
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 9];
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 10];
         for _ in 0..rounds {
             samples[0].push(time_per_call(budget, || sink ^= ceiling::stream_read(&packed)));
             samples[1].push(time_per_call(budget, || direct.decode(&x1, 1, &mut o1).unwrap()));
@@ -115,9 +117,11 @@ fn main() {
             let iters = 200_000;
             let t = time_per_call(budget, || sink ^= u64::from(ceiling::fma_peak(iters).1.to_bits()));
             samples[8].push(ceiling::fma_peak(1).0 as f64 * iters as f64 / t);
+            samples[9].push(time_per_call(budget, || wna16.forward(&x1, 1, &mut o1).unwrap()));
         }
         std::hint::black_box(sink);
         let med: Vec<f64> = samples.into_iter().map(median).collect();
+        wna16_rows.push((name, n, k, med[9], med[1]));
         rows.push(Row {
             name: name.to_string(),
             n,
@@ -181,6 +185,13 @@ fn main() {
             "dense_bf16_gemm_s": r.gemm_bf16, "fma_peak_flops": r.fma_flops,
             "decode_gbs": dec_gbs, "stream_read_gbs": read_gbs, "prefill_gflops": gflops,
         }));
+    }
+
+    println!("\n### The portable fallback (wna16) against the AVX2 decode, M = 1\n");
+    println!("| shape | N×K | wna16 µs | w4a16-decode-avx2 µs | wna16 / avx2 |");
+    println!("|---|---|---|---|---|");
+    for (name, n, k, wna, avx) in &wna16_rows {
+        println!("| {name} | {n}×{k} | {:.1} | {:.1} | {:.1}× |", wna * 1e6, avx * 1e6, wna / avx);
     }
 
     // Where the prefill overtakes decode: the dequant_threshold evidence.

@@ -1,9 +1,13 @@
 //! The `int4` command-line tool.
 //!
-//! A thin layer over the `int4` library. It has no model commands yet (`generate`, `chat`, `probe`,
-//! `quantize`, `info` and `cache` come with the runtime); today it only reports its version.
+//! A thin layer over the `int4` library. Today it has `probe` (the hardware probe and the path policy's
+//! plan for every checkpoint kind); the model commands (`generate`, `chat`, `quantize`, `info`, `cache`)
+//! come with the runtime.
 
 use std::process::ExitCode;
+
+use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
+use int4::select::{CpuSnapshot, snapshot_for_policy};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -12,17 +16,125 @@ fn main() -> ExitCode {
             println!("int4 {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
+        Some("probe") => probe(&args[1..]),
         None | Some("--help") | Some("-h") => {
             println!("int4 {}: 4-bit-weight LLM inference on x86 CPUs", env!("CARGO_PKG_VERSION"));
             println!();
-            println!("usage: int4 [--version | --help]");
+            println!(
+                "usage: int4 probe [--json]     CPU features, OS support, AMX permission and the plan per checkpoint kind"
+            );
+            println!("       int4 --version");
             println!();
-            println!("The model commands arrive with the runtime; see README.md.");
+            println!("INT4_CPU_PROFILE=file.json replaces the live probe for the plan (decisions only);");
+            println!("INT4_ISA=portable|avx2|avx512|amx and INT4_DISABLE=feature,... cap what the kernels use.");
             ExitCode::SUCCESS
         }
         Some(other) => {
             eprintln!("int4: unknown command `{other}` (try `int4 --help`)");
             ExitCode::from(2)
         }
+    }
+}
+
+fn probe(args: &[String]) -> ExitCode {
+    let json = args.iter().any(|a| a == "--json");
+    if let Some(bad) = args.iter().find(|a| *a != "--json") {
+        eprintln!("int4 probe: unknown option `{bad}` (usage: int4 probe [--json])");
+        return ExitCode::from(2);
+    }
+    let snap = match snapshot_for_policy() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("int4 probe: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let caps = int4::kernels::isa::IsaCaps::process();
+    let isa_cap = std::env::var("INT4_ISA").ok().and_then(|v| int4::kernels::isa::IsaLevel::parse(&v));
+    let overrides = Overrides { isa_cap, ..Overrides::default() };
+    let mut plans = Vec::new();
+    for kind in CheckpointKind::ALL {
+        for prio in [Priority::Speed, Priority::Fidelity] {
+            plans.push((kind, prio, plan(&snap, kind, prio, &overrides)));
+        }
+    }
+    if json {
+        let doc = serde_json::json!({
+            "snapshot": snap,
+            "usable": snap.usable(),
+            "kernels_level_in_this_process": caps.effective_level(),
+            "plans": plans.iter().map(|(k, p, r)| serde_json::json!({
+                "checkpoint": k, "priority": p,
+                "plan": r.as_ref().ok(), "error": r.as_ref().err().map(|e| e.to_string()),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).expect("snapshot serialises"));
+        return ExitCode::SUCCESS;
+    }
+    print_snapshot(&snap);
+    println!("kernels this process can run: {}", caps.effective_level().name());
+    println!();
+    println!("plan per checkpoint kind:");
+    for (kind, prio, r) in &plans {
+        match r {
+            Ok(p) => {
+                println!(
+                    "  {kind:?}/{prio:?}: {}  decode {}  prefill {} (M >= {})  layout {:?}",
+                    p.path, p.decode.kernel, p.prefill.kernel, p.dequant_threshold, p.layout
+                );
+                for rj in &p.rejected {
+                    println!("      not {}: {}", rj.path, rj.why);
+                }
+            }
+            Err(e) => println!("  {kind:?}/{prio:?}: error: {e}"),
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn print_snapshot(s: &CpuSnapshot) {
+    let yn = |b: bool| if b { "yes" } else { "no" };
+    println!(
+        "CPU: {} ({}, family {} model {} stepping {})",
+        s.model_name, s.vendor, s.family_model_stepping.0, s.family_model_stepping.1, s.family_model_stepping.2
+    );
+    println!(
+        "source: {}   arch: {}   logical cores: {:?}   physical cores: {:?}",
+        s.source, s.arch, s.logical_cores, s.physical_cores
+    );
+    println!("caches: L1d {:?}  L2 {:?}  L3 {:?} bytes", s.caches.l1d, s.caches.l2, s.caches.l3);
+    println!();
+    let c = &s.cpu;
+    let u = s.usable();
+    println!("{:<14} {:>6} {:>8}", "feature", "CPUID", "usable");
+    for (name, cpu, usable) in [
+        ("sse4.2", c.sse42, c.sse42),
+        ("avx2+fma", c.avx2 && c.fma, u.avx2_fma),
+        ("f16c", c.f16c, c.f16c && s.os.avx_state),
+        ("avx512 f/bw/vl", c.avx512f && c.avx512bw && c.avx512vl, u.avx512),
+        ("avx512-vnni", c.avx512vnni, u.avx512vnni),
+        ("avx512-bf16", c.avx512bf16, u.avx512bf16),
+        ("avx-vnni", c.avx_vnni, c.avx_vnni && s.os.avx_state),
+        ("amx-tile", c.amx_tile, u.amx_int8 || u.amx_bf16),
+        ("amx-int8", c.amx_int8, u.amx_int8),
+        ("amx-bf16", c.amx_bf16, u.amx_bf16),
+    ] {
+        println!("{name:<14} {:>6} {:>8}", yn(cpu), yn(usable));
+    }
+    println!();
+    println!(
+        "OS: osxsave {}  xcr0 {}  avx state {}  avx512 state {}  amx state {}",
+        yn(c.osxsave),
+        s.os.xcr0.map_or("unreadable".to_string(), |x| format!("{x:#x}")),
+        yn(s.os.avx_state),
+        yn(s.os.avx512_state),
+        yn(s.os.amx_state)
+    );
+    println!("AMX permission: {:?}", s.amx_permission);
+    if let Some(t) = s.tile_limits {
+        println!(
+            "tiles: {} names, {} rows x {} bytes; TMUL max K {} max N {}",
+            t.max_names, t.max_rows, t.bytes_per_row, t.tmul_max_k, t.tmul_max_n
+        );
     }
 }

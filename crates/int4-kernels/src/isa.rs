@@ -17,7 +17,8 @@
 use std::sync::OnceLock;
 
 /// ISA levels, in increasing order. A level includes everything below it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum IsaLevel {
     /// No SIMD intrinsics: the portable Rust paths only.
     Portable,

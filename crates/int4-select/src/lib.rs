@@ -1,7 +1,54 @@
-//! Hardware probe and path policy: which 4-bit path (W4A16, W4A8 on VNNI or AMX, portable fallback) a
-//! device should take, and why every faster path was rejected.
+//! Hardware probe and path policy: which 4-bit path a device should take, why every faster path was
+//! rejected, and a guarantee that the choice cannot raise SIGILL.
 //!
-//! This crate will hold the CPUID/XCR0/AMX-permission probe (a plain-data snapshot that tests can replace
-//! with real CPUs' recorded CPUID dumps) and the policy, a pure function of that snapshot, the checkpoint
-//! kind and the user's priority. Nothing is implemented yet.
+//! * [`probe`] builds a [`CpuSnapshot`] from CPUID (through `raw-cpuid`), XCR0 and Linux's AMX permission —
+//!   from the live CPU, or from recorded CPUID dumps of real CPUs (the tests' fixtures).
+//! * [`policy::plan`] is a pure function of a snapshot, the checkpoint kind, the priority and the user's
+//!   overrides: the kernel per phase, the layout to pack, `dequant_threshold`, and the rejections.
+//! * [`snapshot_for_policy`] is the live probe, or the snapshot named by `INT4_CPU_PROFILE`: an override
+//!   changes decisions only. Kernels are built through `int4-kernels`' capability tokens, which check the
+//!   live CPU themselves, so a fake profile can make a plan that fails to build with a clear error, never one
+//!   that executes an instruction the CPU lacks.
+//!
+//! The unsafe code (reading XCR0, `arch_prctl`) is confined to one small module, each call argued.
 #![deny(missing_docs)]
+
+pub mod policy;
+pub mod probe;
+pub mod snapshot;
+mod sys;
+
+pub use policy::{CheckpointKind, Overrides, PathChoice, Plan, PolicyError, Priority, plan};
+pub use snapshot::{AmxPermission, CpuSnapshot, Usable};
+
+/// A profile that could not be loaded.
+#[derive(Debug)]
+pub struct ProfileError {
+    path: String,
+    reason: String,
+}
+
+impl std::fmt::Display for ProfileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CPU profile {}: {}", self.path, self.reason)
+    }
+}
+
+impl std::error::Error for ProfileError {}
+
+/// Loads a snapshot saved as JSON (for example by `int4 probe --json`).
+pub fn load_profile(path: &str) -> Result<CpuSnapshot, ProfileError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ProfileError { path: path.into(), reason: e.to_string() })?;
+    let mut snap: CpuSnapshot =
+        serde_json::from_str(&text).map_err(|e| ProfileError { path: path.into(), reason: e.to_string() })?;
+    snap.source = format!("override:{path}");
+    Ok(snap)
+}
+
+/// The snapshot the policy should use: `INT4_CPU_PROFILE` if set, else the live probe.
+pub fn snapshot_for_policy() -> Result<CpuSnapshot, ProfileError> {
+    match std::env::var("INT4_CPU_PROFILE") {
+        Ok(path) if !path.is_empty() => load_profile(&path),
+        _ => Ok(probe::live()),
+    }
+}

@@ -1,0 +1,248 @@
+//! The probe and the policy on real CPUs: recorded CPUID dumps (InstLatx64, cited in each fixture)
+//! replayed through raw-cpuid together with an XCR0 and an AMX permission outcome, plus the live host.
+
+use int4_kernels::isa::IsaLevel;
+use int4_select::policy::{CheckpointKind, Overrides, PathChoice, Priority, plan};
+use int4_select::probe::{RecordedCpuid, non_x86_snapshot, snapshot_from};
+use int4_select::{AmxPermission, CpuSnapshot};
+use std::fmt::Write;
+
+fn fixture(name: &str) -> RecordedCpuid {
+    let path = format!("{}/tests/fixtures/cpuid/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    RecordedCpuid::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// A recorded CPU on an OS that enables every state it supports and grants AMX when asked.
+fn linux(name: &str) -> CpuSnapshot {
+    let r = fixture(name);
+    let xcr0 = r.xcr0_all_enabled();
+    let s = snapshot_from(r.clone(), &format!("fixture:{name}"), xcr0, AmxPermission::NotApplicable(String::new()));
+    let perm = if s.cpu.amx_tile && s.os.amx_state {
+        AmxPermission::Granted
+    } else {
+        AmxPermission::NotApplicable("CPUID reports no AMX-TILE".into())
+    };
+    snapshot_from(r, &format!("fixture:{name}"), xcr0, perm)
+}
+
+fn scenarios() -> Vec<(&'static str, CpuSnapshot)> {
+    let mut v: Vec<(&'static str, CpuSnapshot)> =
+        ["sapphire_rapids", "emerald_rapids", "zen4", "zen5", "skylake_x", "haswell", "sse_only"]
+            .into_iter()
+            .map(|n| (n, linux(n)))
+            .collect();
+    let spr = fixture("sapphire_rapids");
+    let xcr0 = spr.xcr0_all_enabled();
+    v.push((
+        "sapphire_rapids_amx_refused",
+        snapshot_from(
+            spr,
+            "fixture:sapphire_rapids",
+            xcr0,
+            AmxPermission::Refused("ARCH_REQ_XCOMP_PERM(18) failed (errno 95)".into()),
+        ),
+    ));
+    v.push((
+        "zen4_avx512_off_in_xcr0",
+        snapshot_from(
+            fixture("zen4"),
+            "fixture:zen4",
+            Some(0x7),
+            AmxPermission::NotApplicable("CPUID reports no AMX-TILE".into()),
+        ),
+    ));
+    v.push(("aarch64", non_x86_snapshot("aarch64", "fixture:aarch64")));
+    v
+}
+
+#[test]
+fn recorded_cpus_decode_to_their_real_features() {
+    let s = scenarios();
+    let get = |n: &str| s.iter().find(|(name, _)| *name == n).unwrap().1.clone();
+    let spr = get("sapphire_rapids");
+    assert_eq!(spr.vendor, "GenuineIntel");
+    assert!(spr.cpu.amx_tile && spr.cpu.amx_int8 && spr.cpu.amx_bf16 && spr.cpu.avx512bf16 && spr.cpu.avx512vnni);
+    assert!(spr.usable().amx_int8 && spr.usable().amx_bf16);
+    let t = spr.tile_limits.expect("SPR reports tile limits");
+    assert_eq!((t.max_names, t.bytes_per_row, t.max_rows), (8, 64, 16));
+    let zen4 = get("zen4");
+    assert_eq!(zen4.vendor, "AuthenticAMD");
+    assert!(zen4.usable().avx512bf16 && zen4.usable().avx512vnni && !zen4.cpu.amx_tile);
+    let skx = get("skylake_x");
+    assert!(skx.usable().avx512 && !skx.cpu.avx512vnni);
+    let hsw = get("haswell");
+    assert!(hsw.usable().avx2_fma && !hsw.cpu.avx512f);
+    let sse = get("sse_only");
+    assert!(sse.cpu.sse42 && !sse.cpu.avx && sse.os.xcr0.is_none() && !sse.usable().avx2_fma);
+    // AMX present but refused: nothing AMX is usable, AVX-512 still is.
+    let refused = get("sapphire_rapids_amx_refused");
+    assert!(refused.cpu.amx_tile && !refused.usable().amx_int8 && refused.usable().avx512);
+    // AVX-512 present but not enabled by the OS.
+    let off = get("zen4_avx512_off_in_xcr0");
+    assert!(off.cpu.avx512f && !off.os.avx512_state && !off.usable().avx512 && off.usable().avx2_fma);
+    let arm = get("aarch64");
+    assert_eq!(arm.usable(), Default::default());
+}
+
+/// The whole decision matrix, pinned: every scenario × checkpoint kind × priority.
+#[test]
+fn decision_matrix() {
+    let mut out = String::new();
+    for (name, s) in scenarios() {
+        let u = s.usable();
+        writeln!(
+            out,
+            "## {name}: {} — usable: avx2_fma={} avx512={} bf16={} vnni={} amx_int8={} amx_bf16={}",
+            if s.model_name.is_empty() { &s.arch } else { &s.model_name },
+            u.avx2_fma,
+            u.avx512,
+            u.avx512bf16,
+            u.avx512vnni,
+            u.amx_int8,
+            u.amx_bf16
+        )
+        .unwrap();
+        for kind in CheckpointKind::ALL {
+            for prio in [Priority::Speed, Priority::Fidelity] {
+                let p = plan(&s, kind, prio, &Overrides::default()).unwrap();
+                writeln!(
+                    out,
+                    "{kind:?}/{prio:?}: {} (decode {}, prefill {}, {:?}, threshold {})",
+                    p.path, p.decode.kernel, p.prefill.kernel, p.layout, p.dequant_threshold
+                )
+                .unwrap();
+                for r in &p.rejected {
+                    writeln!(out, "    rejected {}: {}", r.path, r.why).unwrap();
+                }
+            }
+        }
+    }
+    insta::assert_snapshot!(out);
+}
+
+#[test]
+fn rejections_name_the_real_reason() {
+    let s = scenarios();
+    let get = |n: &str| s.iter().find(|(name, _)| *name == n).unwrap().1.clone();
+    let why = |snap: &CpuSnapshot, kind, prio, path: &str| {
+        plan(snap, kind, prio, &Overrides::default())
+            .unwrap()
+            .rejected
+            .into_iter()
+            .find(|r| r.path == path)
+            .map(|r| r.why)
+            .unwrap_or_default()
+    };
+    assert!(
+        why(&get("sapphire_rapids_amx_refused"), CheckpointKind::GptqSym, Priority::Speed, "w4a8-amx")
+            .contains("permission")
+    );
+    assert!(
+        why(&get("zen4_avx512_off_in_xcr0"), CheckpointKind::CpuInt4, Priority::Speed, "w4a16-avx512").contains("XCR0")
+    );
+    assert!(why(&get("zen4"), CheckpointKind::CpuInt4, Priority::Speed, "w4a8-vnni").contains("float zeros"));
+    assert!(why(&get("zen4"), CheckpointKind::GptqAsym, Priority::Fidelity, "w4a8-vnni").contains("fidelity"));
+    assert!(why(&get("skylake_x"), CheckpointKind::GptqSym, Priority::Speed, "w4a8-vnni").contains("VNNI"));
+    assert!(why(&get("sapphire_rapids"), CheckpointKind::GptqSym, Priority::Speed, "w4a8-amx").contains("no kernels"));
+    assert!(why(&get("haswell"), CheckpointKind::Bf16, Priority::Speed, "w4a16-avx512").contains("AVX-512"));
+}
+
+#[test]
+fn overrides_caps_and_forced_paths() {
+    let hsw = linux("haswell");
+    let capped = Overrides { isa_cap: Some(IsaLevel::Portable), ..Overrides::default() };
+    let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &capped).unwrap();
+    assert_eq!(p.path, "wna16-portable");
+    assert!(p.rejected.iter().any(|r| r.path == "w4a16-avx2" && r.why.contains("INT4_ISA")));
+    // A forced path this build or CPU cannot run is an error naming what is missing.
+    let e = plan(
+        &hsw,
+        CheckpointKind::GptqSym,
+        Priority::Speed,
+        &Overrides { path: PathChoice::W4a8, ..Overrides::default() },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("w4a8") && e.missing.contains("AMX"), "{e}");
+    let sse = linux("sse_only");
+    let e = plan(
+        &sse,
+        CheckpointKind::CpuInt4,
+        Priority::Speed,
+        &Overrides { path: PathChoice::W4a16, ..Overrides::default() },
+    )
+    .unwrap_err();
+    assert!(e.missing.contains("AVX2"), "{e}");
+    let p = plan(
+        &sse,
+        CheckpointKind::Bf16,
+        Priority::Speed,
+        &Overrides { path: PathChoice::Bf16, ..Overrides::default() },
+    )
+    .unwrap();
+    assert_eq!(p.decode.kernel, "dense-portable");
+    // Precedence: the checkpoint's key, then the plan's measured default.
+    let keyed = Overrides { dequant_threshold: Some(2), direct_dequant: Some(false), ..Overrides::default() };
+    let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &keyed).unwrap();
+    assert_eq!(
+        (p.dequant_threshold, p.direct_dequant, p.prefill.kernel.as_str()),
+        (2, false, "w4a16-prefill-halves-avx2")
+    );
+    let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
+    assert_eq!(p.dequant_threshold, int4_kernels::w4a16::DEFAULT_DEQUANT_THRESHOLD);
+}
+
+/// The live probe on this host, printed; its features agree with the standard library's detection, and
+/// whatever the plan picks can actually be built here (the capability tokens agree).
+#[test]
+fn live_probe_on_this_host() {
+    let s = int4_select::probe::live();
+    println!("{}", serde_json::to_string_pretty(&s).unwrap());
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert_eq!(s.usable().avx2_fma, is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
+        assert_eq!(
+            s.usable().avx512,
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+        );
+    }
+    let p = plan(&s, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
+    println!("plan: {p:?}");
+    if p.decode.isa == IsaLevel::Avx2 {
+        assert!(int4_kernels::isa::Avx2Fma::with_caps(&int4_kernels::isa::IsaCaps::unrestricted()).is_some());
+    }
+}
+
+/// An override profile changes the plan only: a fake machine claiming AVX-512 gets a plan, but the kernels
+/// are still built through tokens that check the live CPU, so asking for an AVX-512 kernel here is an
+/// error, never an illegal instruction.
+#[test]
+fn override_profiles_change_decisions_not_instructions() {
+    let fake = linux("zen4");
+    let path = std::env::temp_dir().join(format!("int4-profile-{}.json", std::process::id()));
+    std::fs::write(&path, serde_json::to_string(&fake).unwrap()).unwrap();
+    let loaded = int4_select::load_profile(path.to_str().unwrap()).unwrap();
+    assert!(loaded.source.starts_with("override:"));
+    assert_eq!(loaded.cpu, fake.cpu);
+    std::fs::remove_file(&path).unwrap();
+    assert!(int4_select::load_profile("/nonexistent/profile.json").unwrap_err().to_string().contains("/nonexistent"));
+    let codes = int4_layout_codes();
+    let w = int4_kernels::w4a16::W4A16Weights::new(&codes.0, codes.1, int4_layout::tinygemm::TinygemmBlock::N64, true)
+        .unwrap();
+    let r = int4_kernels::w4a16::W4A16Linear::forced(
+        w,
+        None,
+        Default::default(),
+        IsaLevel::Avx512,
+        &int4_kernels::isa::IsaCaps::unrestricted(),
+    );
+    assert!(r.is_err());
+}
+
+fn int4_layout_codes() -> (int4_layout::Codes, int4_layout::GroupParams) {
+    let codes = int4_layout::Codes::from_fn(16, 32, |n, k| ((n + k) % 16) as u8).unwrap();
+    let params =
+        int4_layout::GroupParams::new(16, 32, int4_layout::GroupSize::G32, vec![0.1; 16], vec![0.0; 16]).unwrap();
+    (codes, params)
+}
