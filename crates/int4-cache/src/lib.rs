@@ -1,7 +1,20 @@
 //! Config-hash keys and the packed-artifact store.
 //!
-//! Repacking a checkpoint for a device is done once: this crate will key packed artifacts by a blake3 hash
-//! of a canonical encoding of everything that shapes them (the normalised quantization config, the plan, the
-//! layout version, the CPU features they depend on, the source checkpoint's identity) and store them so a
-//! warm load is a checked memory map. Nothing is implemented yet.
+//! Repacking a checkpoint for a device is done once. [`config`] normalises a checkpoint's
+//! `quantization_config`; [`key::ArtifactKey`] combines it with the plan from int4-select, the layout and
+//! crate versions, the CPU features the artifact depends on and the source checkpoint's content hash, and
+//! hashes the whole canonical encoding with blake3; [`store::ArtifactStore`] writes artifacts atomically
+//! and memory-maps them on warm loads, checking header, size and key every time, so a wrong artifact is
+//! never loaded: it is rebuilt, with a warning.
+//!
+//! The unsafe code is the memory map and `flock`, both in `store.rs`, each argued.
 #![deny(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod key;
+pub mod store;
+
+pub use error::{CacheError, CacheErrorKind};
+pub use key::{ArtifactKey, SourceIdentity};
+pub use store::{Artifact, ArtifactStore, Lookup, MappedArtifact};

@@ -1,8 +1,8 @@
 //! The `int4` command-line tool.
 //!
 //! A thin layer over the `int4` library. Today it has `probe` (the hardware probe and the path policy's
-//! plan for every checkpoint kind); the model commands (`generate`, `chat`, `quantize`, `info`, `cache`)
-//! come with the runtime.
+//! plan for every checkpoint kind) and `cache` (list, verify, clear and evict packed artifacts); the model
+//! commands (`generate`, `chat`, `quantize`, `info`) come with the runtime.
 
 use std::process::ExitCode;
 
@@ -17,6 +17,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("probe") => probe(&args[1..]),
+        Some("cache") => cache(&args[1..]),
         None | Some("--help") | Some("-h") => {
             println!("int4 {}: 4-bit-weight LLM inference on x86 CPUs", env!("CARGO_PKG_VERSION"));
             println!();
@@ -90,6 +91,55 @@ fn probe(args: &[String]) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+fn cache(args: &[String]) -> ExitCode {
+    let store = int4::cache::ArtifactStore::from_env();
+    match args.first().map(String::as_str) {
+        Some("ls") => {
+            let entries = store.list();
+            println!("{} ({} artifacts)", store.dir().display(), entries.len());
+            let mut total = 0;
+            for e in entries {
+                total += e.size;
+                println!("  {}  {:>12} bytes{}", e.key, e.size, if e.pinned { "  pinned" } else { "" });
+            }
+            println!("total {total} bytes");
+            ExitCode::SUCCESS
+        }
+        Some("verify") => {
+            let mut bad = 0;
+            for (key, r) in store.verify() {
+                match r {
+                    Ok(()) => println!("ok       {key}"),
+                    Err(e) => {
+                        bad += 1;
+                        println!("CORRUPT  {key}: {e}");
+                    }
+                }
+            }
+            if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Some("clear") => {
+            println!("removed {} artifacts from {}", store.clear(), store.dir().display());
+            ExitCode::SUCCESS
+        }
+        Some("evict") => match args.get(1).and_then(|v| v.parse::<u64>().ok()) {
+            Some(cap) => {
+                let gone = store.evict_to(cap);
+                println!("evicted {} artifacts to stay under {cap} bytes", gone.len());
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("int4 cache evict: give the size cap in bytes");
+                ExitCode::from(2)
+            }
+        },
+        _ => {
+            eprintln!("usage: int4 cache ls|verify|clear|evict BYTES");
+            ExitCode::from(2)
+        }
+    }
 }
 
 fn print_snapshot(s: &CpuSnapshot) {

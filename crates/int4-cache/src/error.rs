@@ -1,0 +1,70 @@
+//! The cache's error type.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Something the cache could not do, with the file or key it concerns.
+#[derive(Debug)]
+pub struct CacheError {
+    kind: CacheErrorKind,
+}
+
+/// What went wrong.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CacheErrorKind {
+    /// A `quantization_config` value this project cannot honour.
+    BadConfig(String),
+    /// An I/O failure on a path.
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// An artifact whose bytes do not match what its header promises.
+    Corrupt {
+        /// The artifact file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl CacheError {
+    pub(crate) fn new(kind: CacheErrorKind) -> Self {
+        CacheError { kind }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CacheError::new(CacheErrorKind::Io { path: path.into(), source })
+    }
+
+    pub(crate) fn config(msg: impl Into<String>) -> Self {
+        CacheError::new(CacheErrorKind::BadConfig(msg.into()))
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &CacheErrorKind {
+        &self.kind
+    }
+}
+
+impl fmt::Display for CacheError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            CacheErrorKind::BadConfig(m) => write!(f, "quantization_config: {m}"),
+            CacheErrorKind::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            CacheErrorKind::Corrupt { path, reason } => write!(f, "{}: {reason}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for CacheError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            CacheErrorKind::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

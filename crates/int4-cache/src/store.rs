@@ -1,0 +1,506 @@
+//! The artifact store: packed weights written once, memory-mapped after.
+//!
+//! **File format** (`<key hash>.int4art`), little-endian:
+//!
+//! ```text
+//! 0   8 bytes  magic "INT4ART\0"
+//! 8   u32      format version (FORMAT_VERSION)
+//! 12  u32      0x01020304 written in the writer's byte order (a reader of the other order sees it swapped)
+//! 16  u64      header length H
+//! 24  H bytes  header JSON: key hash, the key's full canonical encoding, the section table
+//!              (name, offset, length), payload blake3
+//!     …        sections, each starting on a 64-byte boundary (so they map zero-copy and aligned)
+//! ```
+//!
+//! **Writes** go to a uniquely named temporary file in the same directory, are synced, and are renamed
+//! over the final name: a reader sees a whole artifact or none, two writers of the same key both succeed
+//! and one file survives, and a writer killed mid-way leaves only a temporary file that is never read
+//! (and is removed by `clear` and eviction). After writing, the payload is hashed again through the
+//! mapping and compared.
+//!
+//! **Loads** check magic, version, byte order, header, the exact file size, the key hash and the full
+//! canonical encoding (so a hash collision or a renamed file is still refused) — the cost of opening a
+//! file. The payload's blake3 is checked on write and by [`ArtifactStore::verify`]. An artifact that fails
+//! any check is never used: [`ArtifactStore::get_or_build`] rebuilds it and warns.
+//!
+//! **Eviction** keeps the directory under a size cap, least recently used first (a load touches the file's
+//! modification time). A loaded artifact holds a shared `flock` for as long as it is mapped; eviction only
+//! removes files it can lock exclusively, so nothing a running process has mapped is evicted. Pinned keys
+//! (a `<hash>.pin` file beside the artifact, for example the converted default model) are never evicted.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CacheError, CacheErrorKind};
+use crate::key::ArtifactKey;
+
+/// The artifact file format's version.
+pub const FORMAT_VERSION: u32 = 1;
+const MAGIC: &[u8; 8] = b"INT4ART\0";
+const ENDIAN_MARK: u32 = 0x0102_0304;
+const ALIGN: u64 = 64;
+const EXT: &str = "int4art";
+
+/// One named byte range of an artifact.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Section {
+    /// Name (for example `model.layers.0.mlp.gate_up.packed`).
+    pub name: String,
+    /// Offset from the start of the file (a multiple of 64).
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// An artifact's header.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    /// The key's hash (the file name).
+    pub key: String,
+    /// The key's full canonical encoding.
+    pub canonical: String,
+    /// The sections, in file order.
+    pub sections: Vec<Section>,
+    /// blake3 of every section's bytes, in order, hex.
+    pub payload_blake3: String,
+}
+
+/// A loaded artifact: a read-only mapping, held with a shared lock so it is never evicted while in use.
+#[derive(Debug)]
+pub struct MappedArtifact {
+    map: Mmap,
+    header: Header,
+    path: PathBuf,
+    _lock: File,
+}
+
+impl MappedArtifact {
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A section's bytes (64-byte aligned), zero-copy from the mapping.
+    pub fn section(&self, name: &str) -> Option<&[u8]> {
+        let s = self.header.sections.iter().find(|s| s.name == name)?;
+        Some(&self.map[s.offset as usize..(s.offset + s.len) as usize])
+    }
+
+    /// blake3 of the payload, recomputed from the mapping.
+    pub fn payload_hash(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        for s in &self.header.sections {
+            h.update(&self.map[s.offset as usize..(s.offset + s.len) as usize]);
+        }
+        h.finalize().to_hex().to_string()
+    }
+}
+
+/// What a load found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A valid artifact.
+    Hit(MappedArtifact),
+    /// No artifact for this key.
+    Miss,
+    /// An artifact that failed a check; it must not be used.
+    Invalid(String),
+}
+
+/// An artifact: mapped from the cache, or built in memory because the cache could not be written.
+#[derive(Debug)]
+pub enum Artifact {
+    /// From (or just written to) the cache.
+    Mapped(MappedArtifact),
+    /// Built in memory; the cache was unusable (the warning says why).
+    InMemory {
+        /// The sections.
+        sections: Vec<(String, Vec<u8>)>,
+        /// Why it is not cached.
+        warning: String,
+    },
+}
+
+impl Artifact {
+    /// A section's bytes.
+    pub fn section(&self, name: &str) -> Option<&[u8]> {
+        match self {
+            Artifact::Mapped(m) => m.section(name),
+            Artifact::InMemory { sections, .. } => sections.iter().find(|(n, _)| n == name).map(|(_, b)| b.as_slice()),
+        }
+    }
+}
+
+/// An entry in the cache directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The key hash.
+    pub key: String,
+    /// File size.
+    pub size: u64,
+    /// Pinned (never evicted).
+    pub pinned: bool,
+}
+
+/// A cache directory.
+#[derive(Clone, Debug)]
+pub struct ArtifactStore {
+    dir: PathBuf,
+    cap: Option<u64>,
+}
+
+impl ArtifactStore {
+    /// A store in `dir` (created on first write), without a size cap.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        ArtifactStore { dir: dir.into(), cap: None }
+    }
+
+    /// The user's store: [`ArtifactStore::default_dir`], capped at `INT4_CACHE_MAX_BYTES` if set.
+    pub fn from_env() -> Self {
+        let cap = std::env::var("INT4_CACHE_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok());
+        ArtifactStore { dir: Self::default_dir(), cap }
+    }
+
+    /// The same store, evicting down to `cap` bytes after every write.
+    pub fn with_cap(mut self, cap: u64) -> Self {
+        self.cap = Some(cap);
+        self
+    }
+
+    /// `INT4_CACHE_DIR`, else `$XDG_CACHE_HOME/int4`, else `$HOME/.cache/int4`.
+    pub fn default_dir() -> PathBuf {
+        if let Some(d) = std::env::var_os("INT4_CACHE_DIR").filter(|d| !d.is_empty()) {
+            return PathBuf::from(d);
+        }
+        if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+            return PathBuf::from(d).join("int4");
+        }
+        std::env::var_os("HOME").map_or_else(|| PathBuf::from(".int4-cache"), |h| PathBuf::from(h).join(".cache/int4"))
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path_for(&self, hash: &str) -> PathBuf {
+        self.dir.join(format!("{hash}.{EXT}"))
+    }
+
+    /// Looks up `key`.
+    pub fn load(&self, key: &ArtifactKey) -> Lookup {
+        let hash = key.hash();
+        let path = self.path_for(&hash);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            // No file, or no directory to hold one: nothing cached (a store will say why it cannot write).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {
+                return Lookup::Miss;
+            }
+            Err(e) => return Lookup::Invalid(format!("{}: {e}", path.display())),
+        };
+        match map_checked(file, &path, Some((&hash, &key.canonical()))) {
+            Ok(m) => {
+                // Mark it recently used for eviction; failing to do so only affects eviction order.
+                let _ = m._lock.set_modified(std::time::SystemTime::now());
+                Lookup::Hit(m)
+            }
+            Err(e) => Lookup::Invalid(e.to_string()),
+        }
+    }
+
+    /// Writes an artifact for `key` atomically and returns it mapped (payload hash checked).
+    pub fn store(&self, key: &ArtifactKey, sections: &[(String, Vec<u8>)]) -> Result<MappedArtifact, CacheError> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| CacheError::io(&self.dir, e))?;
+        let hash = key.hash();
+        let mut table = Vec::new();
+        let mut payload = blake3::Hasher::new();
+        for (name, bytes) in sections {
+            payload.update(bytes);
+            table.push(Section { name: name.clone(), offset: 0, len: bytes.len() as u64 });
+        }
+        let mut header = Header {
+            key: hash.clone(),
+            canonical: key.canonical(),
+            sections: table,
+            payload_blake3: payload.finalize().to_hex().to_string(),
+        };
+        // Offsets depend on the header's length, which depends on the offsets' digits: iterate to a fixpoint.
+        loop {
+            let header_len = serde_json::to_vec(&header).expect("header serialises").len() as u64;
+            let mut off = (24 + header_len).next_multiple_of(ALIGN);
+            let mut changed = false;
+            for s in &mut header.sections {
+                if s.offset != off {
+                    s.offset = off;
+                    changed = true;
+                }
+                off = (off + s.len).next_multiple_of(ALIGN);
+            }
+            if !changed {
+                break;
+            }
+        }
+        let header_bytes = serde_json::to_vec(&header).expect("header serialises");
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let tmp =
+            self.dir.join(format!(".{hash}.{}.{}.tmp", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            let mut pos = 0u64;
+            let put = |f: &mut File, b: &[u8], pos: &mut u64| -> std::io::Result<()> {
+                f.write_all(b)?;
+                *pos += b.len() as u64;
+                Ok(())
+            };
+            put(&mut f, MAGIC, &mut pos)?;
+            put(&mut f, &FORMAT_VERSION.to_le_bytes(), &mut pos)?;
+            put(&mut f, &ENDIAN_MARK.to_ne_bytes(), &mut pos)?;
+            put(&mut f, &(header_bytes.len() as u64).to_le_bytes(), &mut pos)?;
+            put(&mut f, &header_bytes, &mut pos)?;
+            for (s, (_, bytes)) in header.sections.iter().zip(sections) {
+                let pad = vec![0u8; (s.offset - pos) as usize];
+                put(&mut f, &pad, &mut pos)?;
+                put(&mut f, bytes, &mut pos)?;
+            }
+            f.sync_all()?;
+            std::fs::rename(&tmp, self.path_for(&hash))
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(CacheError::io(&tmp, e));
+        }
+        let path = self.path_for(&hash);
+        let file = File::open(&path).map_err(|e| CacheError::io(&path, e))?;
+        let mapped = map_checked(file, &path, Some((&hash, &header.canonical)))?;
+        if mapped.payload_hash() != header.payload_blake3 {
+            let _ = std::fs::remove_file(&path);
+            return Err(CacheError::new(CacheErrorKind::Corrupt {
+                path,
+                reason: "payload hash differs after writing".into(),
+            }));
+        }
+        if let Some(cap) = self.cap {
+            // The new artifact is mapped (and so locked): eviction cannot take it.
+            self.evict_to(cap);
+        }
+        Ok(mapped)
+    }
+
+    /// Loads `key`, or builds it with `build` and stores it. An invalid artifact is rebuilt; a cache that
+    /// cannot be written gives an in-memory artifact. Every such event is returned as a warning.
+    pub fn get_or_build(
+        &self,
+        key: &ArtifactKey,
+        build: impl FnOnce() -> Vec<(String, Vec<u8>)>,
+    ) -> (Artifact, Vec<String>) {
+        let mut warnings = Vec::new();
+        match self.load(key) {
+            Lookup::Hit(m) => return (Artifact::Mapped(m), warnings),
+            Lookup::Miss => {}
+            Lookup::Invalid(why) => warnings.push(format!("cached artifact not used ({why}); rebuilding it")),
+        }
+        let sections = build();
+        match self.store(key, &sections) {
+            Ok(m) => (Artifact::Mapped(m), warnings),
+            Err(e) => {
+                let warning = format!("cache unusable ({e}); running uncached");
+                warnings.push(warning.clone());
+                (Artifact::InMemory { sections, warning }, warnings)
+            }
+        }
+    }
+
+    /// Every artifact in the directory.
+    pub fn list(&self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return out;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == EXT)
+                && let Some(stem) = p.file_stem().map(|s| s.to_string_lossy().to_string())
+            {
+                let size = e.metadata().map_or(0, |m| m.len());
+                let pinned = self.dir.join(format!("{stem}.pin")).exists();
+                out.push(Entry { key: stem, size, pinned });
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+
+    /// Checks every artifact fully (header, size, payload blake3): `(key, Ok or the problem)`.
+    pub fn verify(&self) -> Vec<(String, Result<(), String>)> {
+        self.list()
+            .into_iter()
+            .map(|e| {
+                let path = self.path_for(&e.key);
+                let r = File::open(&path)
+                    .map_err(|err| err.to_string())
+                    .and_then(|f| map_checked(f, &path, None).map_err(|err| err.to_string()))
+                    .and_then(|m| {
+                        if m.header.key != e.key {
+                            Err(format!("header names key {}, file is named {}", m.header.key, e.key))
+                        } else if m.payload_hash() != m.header.payload_blake3 {
+                            Err("payload blake3 does not match the header: the file is corrupt".into())
+                        } else {
+                            Ok(())
+                        }
+                    });
+                (e.key, r)
+            })
+            .collect()
+    }
+
+    /// Marks a key as never to be evicted.
+    pub fn pin(&self, key: &ArtifactKey) -> Result<(), CacheError> {
+        let p = self.dir.join(format!("{}.pin", key.hash()));
+        std::fs::create_dir_all(&self.dir).map_err(|e| CacheError::io(&self.dir, e))?;
+        std::fs::write(&p, b"").map_err(|e| CacheError::io(&p, e))
+    }
+
+    /// Removes every artifact no process has mapped (and stale temporary files); returns the count removed.
+    pub fn clear(&self) -> usize {
+        self.remove_stale_temporaries();
+        self.list().into_iter().filter(|e| self.try_remove(&e.key)).count()
+    }
+
+    /// Evicts least recently used, unpinned, unmapped artifacts until the total is at most `cap` bytes;
+    /// returns the keys evicted.
+    pub fn evict_to(&self, cap: u64) -> Vec<String> {
+        self.remove_stale_temporaries();
+        let mut entries: Vec<(std::time::SystemTime, Entry)> = self
+            .list()
+            .into_iter()
+            .map(|e| {
+                let t = std::fs::metadata(self.path_for(&e.key))
+                    .and_then(|m| m.modified())
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                (t, e)
+            })
+            .collect();
+        entries.sort_by_key(|(t, _)| *t);
+        let mut total: u64 = entries.iter().map(|(_, e)| e.size).sum();
+        let mut evicted = Vec::new();
+        for (_, e) in entries {
+            if total <= cap {
+                break;
+            }
+            if !e.pinned && self.try_remove(&e.key) {
+                total -= e.size;
+                evicted.push(e.key);
+            }
+        }
+        evicted
+    }
+
+    /// Removes an artifact if no process holds it (an exclusive non-blocking lock succeeds).
+    fn try_remove(&self, hash: &str) -> bool {
+        let path = self.path_for(hash);
+        let Ok(f) = File::open(&path) else {
+            return false;
+        };
+        if !flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
+            return false;
+        }
+        std::fs::remove_file(&path).is_ok()
+    }
+
+    fn remove_stale_temporaries(&self) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 3600);
+            // A temporary of a live writer is younger than an hour; older ones belong to killed writers.
+            if name.starts_with('.') && name.ends_with(".tmp") && old {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// `flock(fd, op)`; `true` on success.
+fn flock(f: &File, op: libc::c_int) -> bool {
+    // SAFETY: `f` is an open file for the duration of the call, so its descriptor is valid; flock only
+    // changes the advisory lock state of that open file description.
+    unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
+}
+
+/// Maps `file` and checks everything but the payload hash. `expect` is the key hash and canonical
+/// encoding the caller asked for (`None` to accept whatever key the header names).
+fn map_checked(file: File, path: &Path, expect: Option<(&str, &str)>) -> Result<MappedArtifact, CacheError> {
+    let corrupt = |reason: String| CacheError::new(CacheErrorKind::Corrupt { path: path.to_path_buf(), reason });
+    // The shared lock keeps eviction away while the mapping lives; a failure (a filesystem without locks)
+    // only makes the file evictable, which unlinks it and leaves the mapping valid.
+    flock(&file, libc::LOCK_SH);
+    // SAFETY: the mapping is read-only and private to this process. Artifacts are never modified in place:
+    // writers create a new file and rename it over the old name, and removal only unlinks, so the bytes
+    // mapped here cannot change underneath the mapping while it lives.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| CacheError::io(path, e))?;
+    if map.len() < 24 {
+        return Err(corrupt(format!("{} bytes is too short for an artifact header", map.len())));
+    }
+    if &map[..8] != MAGIC {
+        return Err(corrupt("not an int4 artifact (bad magic)".into()));
+    }
+    let version = u32::from_le_bytes(map[8..12].try_into().expect("4 bytes"));
+    if version != FORMAT_VERSION {
+        return Err(corrupt(format!("artifact format version {version}, this build reads {FORMAT_VERSION}")));
+    }
+    if u32::from_ne_bytes(map[12..16].try_into().expect("4 bytes")) != ENDIAN_MARK {
+        return Err(corrupt("written on a machine of the other byte order".into()));
+    }
+    let header_len = u64::from_le_bytes(map[16..24].try_into().expect("8 bytes"));
+    if header_len > map.len() as u64 - 24 {
+        return Err(corrupt(format!("header length {header_len} runs past the end of the file")));
+    }
+    let header: Header = serde_json::from_slice(&map[24..24 + header_len as usize])
+        .map_err(|e| corrupt(format!("header is not valid: {e}")))?;
+    let mut end = 24 + header_len;
+    for s in &header.sections {
+        if s.offset % ALIGN != 0 || s.offset < end {
+            return Err(corrupt(format!("section {} is misaligned or overlaps the one before it", s.name)));
+        }
+        if s.offset.checked_add(s.len).is_none_or(|e| e > map.len() as u64) {
+            return Err(corrupt(format!(
+                "file is {} bytes but section {} ends at {}: truncated",
+                map.len(),
+                s.name,
+                s.offset.saturating_add(s.len)
+            )));
+        }
+        end = s.offset + s.len;
+    }
+    if end != map.len() as u64 {
+        return Err(corrupt(format!("file is {} bytes, its sections end at {end} (truncated or extended)", map.len())));
+    }
+    if let Some((hash, canonical)) = expect {
+        if header.key != hash {
+            return Err(corrupt(format!("header is for key {}, not {hash}", header.key)));
+        }
+        if header.canonical != canonical {
+            return Err(corrupt("header's configuration differs from the one asked for".into()));
+        }
+    }
+    Ok(MappedArtifact { map, header, path: path.to_path_buf(), _lock: file })
+}
