@@ -1,48 +1,228 @@
 //! The `int4` command-line tool.
 //!
-//! A thin layer over the `int4` library. Today it has `probe` (the hardware probe and the path policy's
-//! plan for every checkpoint kind) and `cache` (list, verify, clear and evict packed artifacts); the model
-//! commands (`generate`, `chat`, `quantize`, `info`) come with the runtime.
+//! A thin layer over the `int4` library: `generate` (load a model directory on the path the policy picks and
+//! stream text), `probe` (the hardware probe and the plan for every checkpoint kind) and `cache` (list,
+//! verify, clear and evict packed artifacts).
 
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand, ValueEnum};
+use int4::engine::{Engine, LoadOptions, RunPath};
+use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
+use int4::text::{Message, complete_utf8_prefix};
+
+#[derive(Parser)]
+#[command(name = "int4", version, about = "4-bit-weight LLM inference on x86 CPUs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// CPU features, OS support, AMX permission and the plan per checkpoint kind.
+    Probe {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The packed-artifact cache: ls, verify, clear, or evict BYTES.
+    Cache {
+        /// ls | verify | clear | evict
+        action: String,
+        /// The size cap for evict.
+        bytes: Option<u64>,
+    },
+    /// Generate text from a prompt.
+    Generate(GenerateArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PathArg {
+    Auto,
+    W4a16,
+    Wna16,
+    Bf16,
+    F32,
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// A Hugging Face model directory.
+    model_dir: PathBuf,
+    /// The prompt text (or use --prompt-ids).
+    prompt: Option<String>,
+    /// Apply the chat template (the prompt is the user's message).
+    #[arg(long)]
+    chat: bool,
+    /// Which numerics to run.
+    #[arg(long, value_enum, default_value = "auto")]
+    path: PathArg,
+    /// Speed or fidelity (decides whether int8 activations are acceptable).
+    #[arg(long, default_value = "speed")]
+    priority: String,
+    /// Worker threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Greedy decoding (the default unless --temperature is given).
+    #[arg(long)]
+    greedy: bool,
+    /// Sampling temperature.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Top-k (0: off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Top-p (1.0: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when the output contains this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print the prompt and generated ids, the kernels per phase and timings as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Token ids to use as the prompt, comma-separated.
+    #[arg(long)]
+    prompt_ids: Option<String>,
+    /// The session's context (KV cache positions).
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("--version") | Some("-V") => {
-            println!("int4 {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
-        }
-        Some("probe") => probe(&args[1..]),
-        Some("cache") => cache(&args[1..]),
-        None | Some("--help") | Some("-h") => {
-            println!("int4 {}: 4-bit-weight LLM inference on x86 CPUs", env!("CARGO_PKG_VERSION"));
-            println!();
-            println!(
-                "usage: int4 probe [--json]     CPU features, OS support, AMX permission and the plan per checkpoint kind"
-            );
-            println!("       int4 --version");
-            println!();
-            println!("INT4_CPU_PROFILE=file.json replaces the live probe for the plan (decisions only);");
-            println!("INT4_ISA=portable|avx2|avx512|amx and INT4_DISABLE=feature,... cap what the kernels use.");
-            ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!("int4: unknown command `{other}` (try `int4 --help`)");
-            ExitCode::from(2)
-        }
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Probe { json } => probe(json),
+        Command::Cache { action, bytes } => cache(&action, bytes),
+        Command::Generate(a) => match generate(a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("int4 generate: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
-fn probe(args: &[String]) -> ExitCode {
-    let json = args.iter().any(|a| a == "--json");
-    if let Some(bad) = args.iter().find(|a| *a != "--json") {
-        eprintln!("int4 probe: unknown option `{bad}` (usage: int4 probe [--json])");
-        return ExitCode::from(2);
+fn rss_anon_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = s.lines().find(|l| l.starts_with("RssAnon:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(t) = a.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(t).build_global()?;
     }
+    let priority = match a.priority.as_str() {
+        "speed" => Priority::Speed,
+        "fidelity" => Priority::Fidelity,
+        other => return Err(format!("--priority {other}: expected speed or fidelity").into()),
+    };
+    let path = match a.path {
+        PathArg::Auto => RunPath::Auto,
+        PathArg::W4a16 => RunPath::W4a16,
+        PathArg::Wna16 => RunPath::Wna16,
+        PathArg::Bf16 => RunPath::Bf16,
+        PathArg::F32 => RunPath::F32,
+    };
+    let opts = LoadOptions { path, priority, context: a.context, ..LoadOptions::default() };
+    let engine = Engine::load(&a.model_dir, &opts)?;
+    let prompt_ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => ids
+            .split(',')
+            .map(|t| t.trim().parse::<u32>().map_err(|e| format!("--prompt-ids: {t:?}: {e}")))
+            .collect::<Result<_, _>>()?,
+        (None, Some(p)) if a.chat => {
+            let text = engine.text.apply_chat_template(&[Message { role: "user".into(), content: p.clone() }])?;
+            engine.text.encode(&text)?
+        }
+        (None, Some(p)) => engine.text.encode(p)?,
+        (None, None) => return Err("give a prompt or --prompt-ids".into()),
+    };
+    let sampling = match (a.greedy, a.temperature) {
+        (true, _) | (false, None) => SamplingConfig::greedy(),
+        (false, Some(t)) => SamplingConfig { temperature: t, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+    };
+    let mut pending: Vec<u8> = Vec::new();
+    let mut shown = String::new();
+    let mut stdout = std::io::stdout();
+    let mut emitted: Vec<u32> = Vec::new();
+    let mut stopped_by_string = false;
+    let out = engine.generate(&prompt_ids, a.max_new_tokens, sampling, |tok| {
+        if stopped_by_string {
+            return;
+        }
+        emitted.push(tok);
+        if a.json {
+            return;
+        }
+        // Stream whole UTF-8 characters only: decode everything so far and print what is new and complete.
+        let text = engine.text.decode(&emitted).unwrap_or_default();
+        let bytes = text.as_bytes();
+        let new = &bytes[shown.len().min(bytes.len())..];
+        pending.clear();
+        pending.extend_from_slice(new);
+        let cut = complete_utf8_prefix(&pending);
+        let piece = String::from_utf8_lossy(&pending[..cut]).to_string();
+        shown.push_str(&piece);
+        let _ = stdout.write_all(piece.as_bytes());
+        let _ = stdout.flush();
+        if a.stop.iter().any(|s| shown.contains(s.as_str())) {
+            stopped_by_string = true;
+        }
+    })?;
+    let kernels = engine.model.kernels(prompt_ids.len());
+    let prefill_tps = prompt_ids.len() as f64 / out.prefill.as_secs_f64();
+    let decode_tps = if out.tokens.len() > 1 { (out.tokens.len() - 1) as f64 / out.decode.as_secs_f64() } else { 0.0 };
+    if a.json {
+        let doc = serde_json::json!({
+            "prompt_ids": prompt_ids,
+            "generated_ids": out.tokens,
+            "text": engine.text.decode(&out.tokens)?,
+            "stop": format!("{:?}", out.stop),
+            "plan": engine.plan,
+            "kernels": kernels.iter().map(|k| serde_json::json!({"layer": k.layer, "decode": k.decode.name(), "prefill": k.prefill.name()})).collect::<Vec<_>>(),
+            "load_s": engine.load_time.as_secs_f64(),
+            "prefill_s": out.prefill.as_secs_f64(),
+            "decode_s": out.decode.as_secs_f64(),
+            "prefill_tok_s": prefill_tps,
+            "decode_tok_s": decode_tps,
+            "rss_anon_mib": rss_anon_mib(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!();
+        let path = engine.plan.as_ref().map_or_else(|| format!("{:?}", engine.model.numerics()), |p| p.path.clone());
+        eprintln!(
+            "[int4] load {:.2} s (uncached) | prefill {} tok at {:.1} tok/s | decode {} tok at {:.1} tok/s | path {} (decode {}, prefill {}) | stop {:?} | RssAnon {:.0} MiB",
+            engine.load_time.as_secs_f64(),
+            prompt_ids.len(),
+            prefill_tps,
+            out.tokens.len(),
+            decode_tps,
+            path,
+            kernels[0].decode,
+            kernels[0].prefill,
+            out.stop,
+            rss_anon_mib().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
+fn probe(json: bool) -> ExitCode {
     let snap = match snapshot_for_policy() {
         Ok(s) => s,
         Err(e) => {
@@ -93,9 +273,9 @@ fn probe(args: &[String]) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn cache(args: &[String]) -> ExitCode {
+fn cache(action: &str, bytes: Option<u64>) -> ExitCode {
     let store = int4::cache::ArtifactStore::from_env();
-    match args.first().map(String::as_str) {
+    match Some(action) {
         Some("ls") => {
             let entries = store.list();
             println!("{} ({} artifacts)", store.dir().display(), entries.len());
@@ -124,7 +304,7 @@ fn cache(args: &[String]) -> ExitCode {
             println!("removed {} artifacts from {}", store.clear(), store.dir().display());
             ExitCode::SUCCESS
         }
-        Some("evict") => match args.get(1).and_then(|v| v.parse::<u64>().ok()) {
+        Some("evict") => match bytes {
             Some(cap) => {
                 let gone = store.evict_to(cap);
                 println!("evicted {} artifacts to stay under {cap} bytes", gone.len());

@@ -7,12 +7,27 @@
 //! * [`select`] — the hardware probe and path policy;
 //! * [`cache`] — config-hash keys and the packed-artifact store.
 //!
-//! and the default model's preparation: [`gguf`] reads GGUF files, [`convert`] turns a Llama GGUF into a
-//! Hugging Face model directory.
+//! and owns the model runtime:
+//!
+//! * [`config`] — `config.json` of Llama, Qwen2 and Qwen3 checkpoints (transformers v4 and v5 spellings);
+//! * [`weights`] — memory-mapped safetensors (single file or shards);
+//! * [`linear`] — a linear layer on the kernel the plan chose, reporting which kernel runs each phase;
+//! * [`model`] — the forward pass and KV cache; [`sampling`] — greedy and seeded sampling;
+//! * [`text`] — tokenizer and chat template; [`engine`] — load a directory and generate;
+//! * [`gguf`] and [`convert`] — reading GGUF files and turning a Llama GGUF into a model directory (how the
+//!   default model is prepared).
 #![deny(missing_docs)]
 
+pub mod config;
 pub mod convert;
+pub mod engine;
+pub mod error;
 pub mod gguf;
+pub mod linear;
+pub mod model;
+pub mod sampling;
+pub mod text;
+pub mod weights;
 
 pub use int4_cache as cache;
 pub use int4_kernels as kernels;

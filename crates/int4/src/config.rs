@@ -1,0 +1,196 @@
+//! `config.json` of a Llama-family checkpoint, in both transformers v4 and v5 spellings.
+//!
+//! Supported: `LlamaForCausalLM` (Llama 2/3, SmolLM2; `rope_scaling` of type `llama3`), `Qwen2ForCausalLM`
+//! (q/k/v bias) and `Qwen3ForCausalLM` (q/k RMS norms, explicit `head_dim`). v5 moves `rope_scaling` and
+//! `rope_theta` into `rope_parameters` and renames `torch_dtype` to `dtype`; both are read.
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Which family member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// `LlamaForCausalLM`.
+    Llama,
+    /// `Qwen2ForCausalLM` (bias on q/k/v).
+    Qwen2,
+    /// `Qwen3ForCausalLM` (RMS norm on q and k per head).
+    Qwen3,
+}
+
+/// Llama 3's RoPE frequency scaling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Rope {
+    /// `factor`.
+    pub factor: f64,
+    /// `low_freq_factor`.
+    pub low_freq_factor: f64,
+    /// `high_freq_factor`.
+    pub high_freq_factor: f64,
+    /// `original_max_position_embeddings`.
+    pub original_max_position_embeddings: f64,
+}
+
+/// The parts of `config.json` the runtime uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Architecture.
+    pub arch: Architecture,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// MLP intermediate size.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Per-head dimension.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// Llama 3 RoPE scaling, if any.
+    pub rope_llama3: Option<Llama3Rope>,
+    /// Trained context length.
+    pub max_position_embeddings: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// The head shares the embedding's weights.
+    pub tie_word_embeddings: bool,
+    /// End-of-sequence ids (any of them stops generation).
+    pub eos_token_ids: Vec<u32>,
+    /// Beginning-of-sequence id.
+    pub bos_token_id: Option<u32>,
+    /// The raw `quantization_config`, if present.
+    pub quantization_config: Option<Value>,
+}
+
+fn get_usize(v: &Value, key: &str) -> Result<usize> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .ok_or_else(|| Error::new("config.json", format!("\"{key}\" is missing or not a non-negative integer")))
+}
+
+fn ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl ModelConfig {
+    /// Parses `config.json`'s contents.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| Error::new("config.json", format!("not valid JSON: {e}")))?;
+        let arch_name = v
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::new("config.json", "\"architectures\" is missing"))?;
+        let arch = match arch_name {
+            "LlamaForCausalLM" | "MistralForCausalLM" => Architecture::Llama,
+            "Qwen2ForCausalLM" => Architecture::Qwen2,
+            "Qwen3ForCausalLM" => Architecture::Qwen3,
+            other => {
+                return Err(Error::new(
+                    "config.json",
+                    format!("architecture {other} is not supported (Llama, Qwen2, Qwen3 families)"),
+                ));
+            }
+        };
+        let hidden_size = get_usize(&v, "hidden_size")?;
+        let num_heads = get_usize(&v, "num_attention_heads")?;
+        let num_kv_heads = v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_heads, |x| x as usize);
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(Error::new(
+                "config.json",
+                format!("num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"),
+            ));
+        }
+        let head_dim = match v.get("head_dim").and_then(Value::as_u64) {
+            Some(h) => h as usize,
+            None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+            None => return Err(Error::new("config.json", "hidden_size is not a multiple of num_attention_heads")),
+        };
+        // v5 keeps rope_theta and the scaling inside rope_parameters.
+        let rope = v.get("rope_parameters").or_else(|| v.get("rope_scaling")).filter(|r| r.is_object());
+        let rope_theta = v
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .or_else(|| rope.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64))
+            .unwrap_or(10000.0);
+        let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(Value::as_str);
+        let rope_llama3 = match rope_type {
+            None | Some("default") => None,
+            Some("llama3") => {
+                let r = rope.expect("rope_type came from it");
+                let f = |k: &str| {
+                    r.get(k)
+                        .and_then(Value::as_f64)
+                        .ok_or_else(|| Error::new("config.json", format!("rope scaling lacks \"{k}\"")))
+                };
+                Some(Llama3Rope {
+                    factor: f("factor")?,
+                    low_freq_factor: f("low_freq_factor")?,
+                    high_freq_factor: f("high_freq_factor")?,
+                    original_max_position_embeddings: f("original_max_position_embeddings")?,
+                })
+            }
+            Some(other) => {
+                return Err(Error::new("config.json", format!("rope scaling type {other} is not supported")));
+            }
+        };
+        Ok(ModelConfig {
+            arch,
+            hidden_size,
+            intermediate_size: get_usize(&v, "intermediate_size")?,
+            num_layers: get_usize(&v, "num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: v.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6) as f32,
+            rope_theta,
+            rope_llama3,
+            max_position_embeddings: v.get("max_position_embeddings").and_then(Value::as_u64).unwrap_or(2048) as usize,
+            vocab_size: get_usize(&v, "vocab_size")?,
+            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            eos_token_ids: ids(v.get("eos_token_id")),
+            bos_token_id: ids(v.get("bos_token_id")).first().copied(),
+            quantization_config: v.get("quantization_config").cloned(),
+        })
+    }
+
+    /// The RoPE inverse frequencies (`head_dim / 2` of them), with Llama 3 scaling applied if configured.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim as f64;
+        (0..self.head_dim / 2)
+            .map(|i| {
+                let f = self.rope_theta.powf(-(2.0 * i as f64) / d);
+                match self.rope_llama3 {
+                    None => f,
+                    Some(s) => {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        let low = s.original_max_position_embeddings / s.low_freq_factor;
+                        let high = s.original_max_position_embeddings / s.high_freq_factor;
+                        if wavelen < high {
+                            f
+                        } else if wavelen > low {
+                            f / s.factor
+                        } else {
+                            let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                                / (s.high_freq_factor - s.low_freq_factor);
+                            (1.0 - smooth) * f / s.factor + smooth * f
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+}

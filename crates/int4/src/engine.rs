@@ -1,0 +1,245 @@
+//! The library API: load a model directory on the path the policy picks, and generate.
+//!
+//! ```no_run
+//! use int4::engine::{Engine, LoadOptions};
+//! use int4::sampling::SamplingConfig;
+//! let engine = Engine::load("path/to/SmolLM2-135M-Instruct".as_ref(), &LoadOptions::default())?;
+//! let ids = engine.text.encode("The capital of Australia is")?;
+//! let out = engine.generate(&ids, 16, SamplingConfig::greedy(), |_| {})?;
+//! println!("{}", engine.text.decode(&out.tokens)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use int4_kernels::isa::IsaLevel;
+use int4_kernels::w4a16::W4A16Config;
+use int4_layout::GroupSize;
+use int4_layout::tinygemm::TinygemmBlock;
+use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, PathChoice, Plan, Priority, plan};
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::linear::Numerics;
+use crate::model::{KvCache, Model};
+use crate::sampling::{Sampler, SamplingConfig};
+use crate::text::TextCodec;
+use crate::weights::Checkpoint;
+
+/// Which numerics to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunPath {
+    /// What the policy picks for this machine.
+    Auto,
+    /// 4-bit weights, tinygemm kernels.
+    W4a16,
+    /// 4-bit weights, the portable fallback.
+    Wna16,
+    /// Unquantized bf16 weights.
+    Bf16,
+    /// Unquantized f32 weights (the reference).
+    F32,
+}
+
+/// How to load.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// The path.
+    pub path: RunPath,
+    /// Speed or fidelity.
+    pub priority: Priority,
+    /// Group size for quantizing on load (default 128).
+    pub group_size: GroupSize,
+    /// Positions the KV cache holds (the session's context, not the model's maximum).
+    pub context: usize,
+    /// The most bytes the KV cache may take.
+    pub max_kv_bytes: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            path: RunPath::Auto,
+            priority: Priority::Speed,
+            group_size: GroupSize::G128,
+            context: 2048,
+            max_kv_bytes: 4 << 30,
+        }
+    }
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-sequence token.
+    Eos,
+    /// The token budget.
+    MaxTokens,
+    /// The session's context is full.
+    ContextFull,
+}
+
+/// A generation's result.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The generated ids (not including the prompt; including a final EOS).
+    pub tokens: Vec<u32>,
+    /// Prompt processing time.
+    pub prefill: Duration,
+    /// Time for every token after the first.
+    pub decode: Duration,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// The logits of the first generated position (for fidelity checks).
+    pub first_logits: Vec<f32>,
+}
+
+/// A loaded model with its tokenizer.
+#[derive(Debug)]
+pub struct Engine {
+    /// The model.
+    pub model: Model,
+    /// Tokenizer and chat template.
+    pub text: TextCodec,
+    /// The policy's plan (for the 4-bit paths).
+    pub plan: Option<Plan>,
+    /// Load time.
+    pub load_time: Duration,
+    /// The model directory.
+    pub dir: PathBuf,
+    context: usize,
+    max_kv_bytes: usize,
+}
+
+/// Rows per prefill forward call.
+const PREFILL_CHUNK: usize = 256;
+
+impl Engine {
+    /// Loads the model in `dir`.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        let t = Instant::now();
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path)
+            .map_err(|e| Error::new(cfg_path.display().to_string(), e.to_string()))?;
+        let cfg = ModelConfig::from_json(&text)?;
+        if cfg.quantization_config.is_some() {
+            return Err(Error::new(
+                cfg_path.display().to_string(),
+                "quantized checkpoints (quantization_config) are not loaded by this build yet; use an unquantized one",
+            ));
+        }
+        let (numerics, plan) = numerics_for(opts)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let model = Model::load(cfg, &ckpt, numerics)?;
+        let text = TextCodec::load(dir)?;
+        Ok(Engine {
+            model,
+            text,
+            plan,
+            load_time: t.elapsed(),
+            dir: dir.to_path_buf(),
+            context: opts.context,
+            max_kv_bytes: opts.max_kv_bytes,
+        })
+    }
+
+    /// A fresh KV cache for this engine's context.
+    pub fn new_cache(&self) -> Result<KvCache> {
+        self.model.kv_cache(self.context, self.max_kv_bytes)
+    }
+
+    /// Generates up to `max_new` tokens after `prompt` in a fresh cache; `on_token` sees each as it comes.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        max_new: usize,
+        sampling: SamplingConfig,
+        on_token: impl FnMut(u32),
+    ) -> Result<Generation> {
+        let mut cache = self.new_cache()?;
+        self.generate_in(&mut cache, prompt, max_new, sampling, on_token)
+    }
+
+    /// As [`Engine::generate`], continuing in `cache` (a chat keeps its cache across turns).
+    pub fn generate_in(
+        &self,
+        cache: &mut KvCache,
+        prompt: &[u32],
+        max_new: usize,
+        sampling: SamplingConfig,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Generation> {
+        if prompt.is_empty() {
+            return Err(Error::new("prompt", "is empty: nothing to continue"));
+        }
+        if cache.len() + prompt.len() > cache.capacity() {
+            return Err(Error::new(
+                "prompt",
+                format!(
+                    "{} tokens do not fit the context ({} of {} used)",
+                    prompt.len(),
+                    cache.len(),
+                    cache.capacity()
+                ),
+            ));
+        }
+        let t = Instant::now();
+        let mut logits = Vec::new();
+        for chunk in prompt.chunks(PREFILL_CHUNK) {
+            logits = self.model.forward(chunk, cache, false)?;
+        }
+        let prefill = t.elapsed();
+        let first_logits = logits.clone();
+        let mut sampler = Sampler::new(sampling);
+        let eos = &self.model.config().eos_token_ids;
+        let mut tokens = Vec::new();
+        let t = Instant::now();
+        let stop = loop {
+            if tokens.len() >= max_new {
+                break StopReason::MaxTokens;
+            }
+            let next = sampler.sample(&logits);
+            tokens.push(next);
+            on_token(next);
+            if eos.contains(&next) {
+                break StopReason::Eos;
+            }
+            if tokens.len() >= max_new {
+                break StopReason::MaxTokens;
+            }
+            if cache.len() >= cache.capacity() {
+                break StopReason::ContextFull;
+            }
+            logits = self.model.forward(&[next], cache, false)?;
+        };
+        Ok(Generation { tokens, prefill, decode: t.elapsed(), stop, first_logits })
+    }
+}
+
+/// The numerics for a load: the policy's plan for the 4-bit paths, or the dense ones.
+fn numerics_for(opts: &LoadOptions) -> Result<(Numerics, Option<Plan>)> {
+    let choice = match opts.path {
+        RunPath::F32 => return Ok((Numerics::F32, None)),
+        RunPath::Bf16 => return Ok((Numerics::Bf16, None)),
+        RunPath::Auto => PathChoice::Auto,
+        RunPath::W4a16 => PathChoice::W4a16,
+        RunPath::Wna16 => PathChoice::Wna16,
+    };
+    let snap = int4_select::snapshot_for_policy().map_err(|e| Error::new("CPU profile", e.to_string()))?;
+    let isa_cap = std::env::var("INT4_ISA").ok().and_then(|v| IsaLevel::parse(&v));
+    let p =
+        plan(&snap, CheckpointKind::Bf16, opts.priority, &Overrides { path: choice, isa_cap, ..Overrides::default() })
+            .map_err(|e| Error::new("path", e.to_string()))?;
+    let numerics = match p.layout {
+        PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 => Numerics::W4a16 {
+            block: if p.layout == PackedLayout::Tinygemm64 { TinygemmBlock::N64 } else { TinygemmBlock::N32 },
+            group: opts.group_size,
+            config: W4A16Config { dequant_threshold: p.dequant_threshold, direct_dequant: p.direct_dequant },
+            level: p.decode.isa,
+        },
+        PackedLayout::RowMajor => Numerics::Wna16 { group: opts.group_size },
+        PackedLayout::Bf16 => Numerics::Bf16,
+    };
+    Ok((numerics, Some(p)))
+}

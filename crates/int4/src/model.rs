@@ -1,0 +1,409 @@
+//! The Llama-family forward pass: RMSNorm, RoPE, grouped-query attention over a KV cache, SwiGLU MLP.
+//!
+//! q/k/v are fused into one matrix and gate/up into another, so each layer runs four linears. Activations
+//! are f32 throughout; the linears run on whatever kernel [`Numerics`] selects. The embedding is tied to
+//! the head when the checkpoint says so; on the 4-bit path the embedding lookup reads rows straight from
+//! the head's packed layout, so no second copy of the table exists.
+
+use int4_kernels::KernelId;
+use int4_layout::tinygemm::TinygemmMatrix;
+use rayon::prelude::*;
+
+use crate::config::{Architecture, ModelConfig};
+use crate::error::{Error, Result};
+use crate::linear::{Linear, Numerics};
+use crate::weights::Checkpoint;
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    qkv: Linear,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    o: Linear,
+    mlp_norm: Vec<f32>,
+    gate_up: Linear,
+    down: Linear,
+}
+
+enum Embedding {
+    /// A dense f32 table `[vocab][hidden]`.
+    Dense(Vec<f32>),
+    /// Rows decoded from the (tied) head's packed 4-bit layout.
+    FromHead,
+}
+
+/// Which kernel ran a kind of layer in each phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerKernels {
+    /// `qkv`, `o_proj`, `gate_up`, `down` or `lm_head`.
+    pub layer: &'static str,
+    /// Kernel at M = 1.
+    pub decode: KernelId,
+    /// Kernel for a long prompt.
+    pub prefill: KernelId,
+}
+
+/// A loaded model.
+pub struct Model {
+    cfg: ModelConfig,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    head: Linear,
+    inv_freq: Vec<f64>,
+    numerics: Numerics,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("config", &self.cfg).field("numerics", &self.numerics).finish_non_exhaustive()
+    }
+}
+
+/// Keys and values of every layer for the positions seen so far, sized for a context chosen up front.
+#[derive(Debug)]
+pub struct KvCache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    len: usize,
+    capacity: usize,
+    width: usize,
+}
+
+impl KvCache {
+    /// Positions stored.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions it can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Forgets every position (the allocation is kept).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        2 * self.k.len() * self.capacity * self.width * 4
+    }
+}
+
+/// `w` after a round trip through the 4-bit grid the fallback path uses.
+fn quantize_dequantize(w: &[f32], n: usize, k: usize, group: int4_layout::GroupSize) -> Result<Vec<f32>> {
+    use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
+    let q = quantize_asymmetric(w, n, k, group, ScaleSearch::Off, ParamPrecision::F32)
+        .map_err(|e| Error::new("embedding", e.to_string()))?;
+    Ok((0..n * k).map(|i| q.params.weight(i / k, i % k, q.codes.get(i / k, i % k))).collect())
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ms: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * r * g;
+    }
+}
+
+impl Model {
+    /// Loads the checkpoint's weights into layers run by `numerics`.
+    pub fn load(cfg: ModelConfig, ckpt: &Checkpoint, numerics: Numerics) -> Result<Self> {
+        let (h, hd, nh, nkv, inter) =
+            (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size);
+        let qkv_n = (nh + 2 * nkv) * hd;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let p = format!("model.layers.{i}");
+            let mut qkv = ckpt.f32(&format!("{p}.self_attn.q_proj.weight"), &[nh * hd, h])?;
+            qkv.extend(ckpt.f32(&format!("{p}.self_attn.k_proj.weight"), &[nkv * hd, h])?);
+            qkv.extend(ckpt.f32(&format!("{p}.self_attn.v_proj.weight"), &[nkv * hd, h])?);
+            let qkv_bias = if cfg.arch == Architecture::Qwen2 {
+                let mut b = ckpt.f32(&format!("{p}.self_attn.q_proj.bias"), &[nh * hd])?;
+                b.extend(ckpt.f32(&format!("{p}.self_attn.k_proj.bias"), &[nkv * hd])?);
+                b.extend(ckpt.f32(&format!("{p}.self_attn.v_proj.bias"), &[nkv * hd])?);
+                Some(b)
+            } else {
+                None
+            };
+            let (q_norm, k_norm) = if cfg.arch == Architecture::Qwen3 {
+                (
+                    Some(ckpt.f32(&format!("{p}.self_attn.q_norm.weight"), &[hd])?),
+                    Some(ckpt.f32(&format!("{p}.self_attn.k_norm.weight"), &[hd])?),
+                )
+            } else {
+                (None, None)
+            };
+            let mut gate_up = ckpt.f32(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+            gate_up.extend(ckpt.f32(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?);
+            layers.push(Layer {
+                attn_norm: ckpt.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+                qkv: Linear::build(&format!("{p}.self_attn.qkv"), qkv, qkv_n, h, qkv_bias, numerics)?,
+                q_norm,
+                k_norm,
+                o: Linear::build(
+                    &format!("{p}.self_attn.o_proj"),
+                    ckpt.f32(&format!("{p}.self_attn.o_proj.weight"), &[h, nh * hd])?,
+                    h,
+                    nh * hd,
+                    None,
+                    numerics,
+                )?,
+                mlp_norm: ckpt.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                gate_up: Linear::build(&format!("{p}.mlp.gate_up"), gate_up, 2 * inter, h, None, numerics)?,
+                down: Linear::build(
+                    &format!("{p}.mlp.down_proj"),
+                    ckpt.f32(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+                    h,
+                    inter,
+                    None,
+                    numerics,
+                )?,
+            });
+        }
+        let embed_w = ckpt.f32("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let tied = cfg.tie_word_embeddings || !ckpt.has("lm_head.weight");
+        let (head, embed) = if tied {
+            let head = Linear::build("lm_head (tied)", embed_w.clone(), cfg.vocab_size, h, None, numerics)?;
+            if head.w4a16().is_some() {
+                drop(embed_w);
+                (head, Embedding::FromHead)
+            } else if let Numerics::Wna16 { group } = numerics {
+                // The fallback keeps no tinygemm layout to read rows from: look up the same 4-bit weights the
+                // head uses, dequantized, so embedding and head stay tied.
+                (head, Embedding::Dense(quantize_dequantize(&embed_w, cfg.vocab_size, h, group)?))
+            } else {
+                (head, Embedding::Dense(embed_w))
+            }
+        } else {
+            let hw = ckpt.f32("lm_head.weight", &[cfg.vocab_size, h])?;
+            (Linear::build("lm_head", hw, cfg.vocab_size, h, None, numerics)?, Embedding::Dense(embed_w))
+        };
+        Ok(Model {
+            norm: ckpt.f32("model.norm.weight", &[h])?,
+            inv_freq: cfg.rope_inv_freq(),
+            cfg,
+            embed,
+            layers,
+            head,
+            numerics,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// How the linears run.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    /// A KV cache for `context` positions (not the model's maximum): fails with a clear error before
+    /// allocating if that would not fit in `max_bytes`.
+    pub fn kv_cache(&self, context: usize, max_bytes: usize) -> Result<KvCache> {
+        let width = self.cfg.num_kv_heads * self.cfg.head_dim;
+        let need = 2usize
+            .checked_mul(self.cfg.num_layers)
+            .and_then(|x| x.checked_mul(context))
+            .and_then(|x| x.checked_mul(width * 4))
+            .ok_or_else(|| Error::new("KV cache", "size overflows"))?;
+        if need > max_bytes {
+            return Err(Error::new(
+                "KV cache",
+                format!("{context} positions need {need} bytes, more than the {max_bytes} allowed"),
+            ));
+        }
+        Ok(KvCache {
+            k: (0..self.cfg.num_layers).map(|_| vec![0.0; context * width]).collect(),
+            v: (0..self.cfg.num_layers).map(|_| vec![0.0; context * width]).collect(),
+            len: 0,
+            capacity: context,
+            width,
+        })
+    }
+
+    /// The kernels each kind of layer runs in decode (M = 1) and prefill (M = `prefill_m`).
+    pub fn kernels(&self, prefill_m: usize) -> Vec<LayerKernels> {
+        let l = &self.layers[0];
+        [("qkv", &l.qkv), ("o_proj", &l.o), ("gate_up", &l.gate_up), ("down", &l.down), ("lm_head", &self.head)]
+            .into_iter()
+            .map(|(name, lin)| LayerKernels {
+                layer: name,
+                decode: lin.kernel_for(1),
+                prefill: lin.kernel_for(prefill_m),
+            })
+            .collect()
+    }
+
+    /// Bytes of weights held by the linears and the embedding.
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| l.qkv.weight_bytes() + l.o.weight_bytes() + l.gate_up.weight_bytes() + l.down.weight_bytes())
+            .sum();
+        let embed = match &self.embed {
+            Embedding::Dense(t) => t.len() * 4,
+            Embedding::FromHead => 0,
+        };
+        layers + embed + self.head.weight_bytes()
+    }
+
+    fn embed_row(&self, token: u32, out: &mut [f32]) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let t = token as usize;
+        if t >= self.cfg.vocab_size {
+            return Err(Error::new(
+                "input",
+                format!("token id {token} is outside the vocabulary ({})", self.cfg.vocab_size),
+            ));
+        }
+        match &self.embed {
+            Embedding::Dense(table) => out.copy_from_slice(&table[t * h..(t + 1) * h]),
+            Embedding::FromHead => {
+                let (w, params) = self.head.w4a16().expect("FromHead is only built over a W4A16 head");
+                let m = TinygemmMatrix::new(w.packed(), w.n(), w.k(), w.block())
+                    .map_err(|e| Error::new("embedding", e.to_string()))?;
+                m.decode_row(params, t, 0..h, out).map_err(|e| Error::new("embedding", e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` (positions `cache.len()..`) through the model, appending to the cache, and returns the
+    /// logits of the last token (`all_logits`: of every token, `[tokens][vocab]`).
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let m = tokens.len();
+        if m == 0 {
+            return Err(Error::new("input", "no tokens to run"));
+        }
+        let pos0 = cache.len;
+        if pos0 + m > cache.capacity {
+            return Err(Error::new(
+                "context",
+                format!("{} positions exceed the context of {} chosen for this session", pos0 + m, cache.capacity),
+            ));
+        }
+        let (h, hd, nh, nkv) = (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
+        let qkv_n = (nh + 2 * nkv) * hd;
+        let inter = cfg.intermediate_size;
+        let mut x = vec![0.0f32; m * h];
+        for (i, &t) in tokens.iter().enumerate() {
+            self.embed_row(t, &mut x[i * h..(i + 1) * h])?;
+        }
+        let mut normed = vec![0.0f32; m * h];
+        let mut qkv = vec![0.0f32; m * qkv_n];
+        let mut attn = vec![0.0f32; m * nh * hd];
+        let mut proj = vec![0.0f32; m * h];
+        let mut gu = vec![0.0f32; m * 2 * inter];
+        let mut act = vec![0.0f32; m * inter];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = nh / nkv;
+        for (li, layer) in self.layers.iter().enumerate() {
+            for i in 0..m {
+                rms_norm(&x[i * h..(i + 1) * h], &layer.attn_norm, cfg.rms_norm_eps, &mut normed[i * h..(i + 1) * h]);
+            }
+            layer.qkv.forward(&normed, m, &mut qkv)?;
+            for i in 0..m {
+                let row = &mut qkv[i * qkv_n..(i + 1) * qkv_n];
+                let pos = (pos0 + i) as f64;
+                for head in 0..nh + nkv {
+                    let v = &mut row[head * hd..(head + 1) * hd];
+                    let norm = if head < nh { &layer.q_norm } else { &layer.k_norm };
+                    if let Some(w) = norm {
+                        let tmp = v.to_vec();
+                        rms_norm(&tmp, w, cfg.rms_norm_eps, v);
+                    }
+                    // Rotate pairs (j, j + hd/2), as Hugging Face's `rotate_half` does.
+                    for (j, &f) in self.inv_freq.iter().enumerate() {
+                        let (s, c) = (pos * f).sin_cos();
+                        let (a, b) = (v[j], v[j + hd / 2]);
+                        v[j] = (f64::from(a) * c - f64::from(b) * s) as f32;
+                        v[j + hd / 2] = (f64::from(b) * c + f64::from(a) * s) as f32;
+                    }
+                }
+                let kw = nkv * hd;
+                cache.k[li][(pos0 + i) * kw..(pos0 + i + 1) * kw].copy_from_slice(&row[nh * hd..nh * hd + kw]);
+                cache.v[li][(pos0 + i) * kw..(pos0 + i + 1) * kw].copy_from_slice(&row[nh * hd + kw..nh * hd + 2 * kw]);
+            }
+            let (kc, vc) = (&cache.k[li], &cache.v[li]);
+            let kw = nkv * hd;
+            // Heads in parallel; each computes every query row of the chunk for its head.
+            let per_head: Vec<Vec<f32>> = (0..nh)
+                .into_par_iter()
+                .map(|head| {
+                    let kvh = head / group;
+                    let mut out = vec![0.0f32; m * hd];
+                    let mut scores = vec![0.0f32; pos0 + m];
+                    for i in 0..m {
+                        let q = &qkv[i * qkv_n + head * hd..i * qkv_n + (head + 1) * hd];
+                        let upto = pos0 + i + 1;
+                        let mut max = f32::NEG_INFINITY;
+                        for (p, s) in scores[..upto].iter_mut().enumerate() {
+                            let k = &kc[p * kw + kvh * hd..p * kw + (kvh + 1) * hd];
+                            *s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                            max = max.max(*s);
+                        }
+                        let mut sum = 0.0f32;
+                        for s in &mut scores[..upto] {
+                            *s = (*s - max).exp();
+                            sum += *s;
+                        }
+                        let o = &mut out[i * hd..(i + 1) * hd];
+                        for (p, &s) in scores[..upto].iter().enumerate() {
+                            let v = &vc[p * kw + kvh * hd..p * kw + (kvh + 1) * hd];
+                            let w = s / sum;
+                            for (a, &b) in o.iter_mut().zip(v) {
+                                *a += w * b;
+                            }
+                        }
+                    }
+                    out
+                })
+                .collect();
+            for (head, o) in per_head.iter().enumerate() {
+                for i in 0..m {
+                    attn[i * nh * hd + head * hd..i * nh * hd + (head + 1) * hd]
+                        .copy_from_slice(&o[i * hd..(i + 1) * hd]);
+                }
+            }
+            layer.o.forward(&attn, m, &mut proj)?;
+            for (a, b) in x.iter_mut().zip(&proj) {
+                *a += b;
+            }
+            for i in 0..m {
+                rms_norm(&x[i * h..(i + 1) * h], &layer.mlp_norm, cfg.rms_norm_eps, &mut normed[i * h..(i + 1) * h]);
+            }
+            layer.gate_up.forward(&normed, m, &mut gu)?;
+            for i in 0..m {
+                let (g, u) = gu[i * 2 * inter..(i + 1) * 2 * inter].split_at(inter);
+                for ((a, &gv), &uv) in act[i * inter..(i + 1) * inter].iter_mut().zip(g).zip(u) {
+                    *a = gv / (1.0 + (-gv).exp()) * uv;
+                }
+            }
+            layer.down.forward(&act, m, &mut proj)?;
+            for (a, b) in x.iter_mut().zip(&proj) {
+                *a += b;
+            }
+        }
+        cache.len = pos0 + m;
+        let rows: Vec<usize> = if all_logits { (0..m).collect() } else { vec![m - 1] };
+        let mut hn = vec![0.0f32; rows.len() * h];
+        for (j, &i) in rows.iter().enumerate() {
+            rms_norm(&x[i * h..(i + 1) * h], &self.norm, cfg.rms_norm_eps, &mut hn[j * h..(j + 1) * h]);
+        }
+        let mut logits = vec![0.0f32; rows.len() * cfg.vocab_size];
+        self.head.forward(&hn, rows.len(), &mut logits)?;
+        Ok(logits)
+    }
+}

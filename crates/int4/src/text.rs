@@ -1,0 +1,103 @@
+//! Tokenizer and chat template of a model directory.
+//!
+//! `tokenizer.json` through the `tokenizers` crate; the chat template from `chat_template.jinja` if the
+//! directory has one, else the `chat_template` key of `tokenizer_config.json`, rendered with minijinja.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// One chat message.
+#[derive(Clone, Debug, Serialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// The model's tokenizer and chat template.
+pub struct TextCodec {
+    tokenizer: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos: Option<String>,
+    eos: Option<String>,
+}
+
+impl std::fmt::Debug for TextCodec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextCodec").field("has_chat_template", &self.chat_template.is_some()).finish_non_exhaustive()
+    }
+}
+
+fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
+    match v? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+        _ => None,
+    }
+}
+
+impl TextCodec {
+    /// Loads `tokenizer.json` and the chat template from `dir`.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let tj = dir.join("tokenizer.json");
+        let tokenizer =
+            tokenizers::Tokenizer::from_file(&tj).map_err(|e| Error::new(tj.display().to_string(), e.to_string()))?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg: Option<serde_json::Value> = std::fs::read_to_string(&cfg_path)
+            .ok()
+            .map(|t| serde_json::from_str(&t).map_err(|e| Error::new(cfg_path.display().to_string(), e.to_string())))
+            .transpose()?;
+        let jinja = dir.join("chat_template.jinja");
+        let chat_template = match std::fs::read_to_string(&jinja) {
+            Ok(t) => Some(t),
+            Err(_) => cfg.as_ref().and_then(|c| c.get("chat_template")).and_then(|t| t.as_str()).map(str::to_string),
+        };
+        Ok(TextCodec {
+            tokenizer,
+            chat_template,
+            bos: token_string(cfg.as_ref().and_then(|c| c.get("bos_token"))),
+            eos: token_string(cfg.as_ref().and_then(|c| c.get("eos_token"))),
+        })
+    }
+
+    /// Token ids of `text` (no special tokens added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.tokenizer.encode(text, false).map_err(|e| Error::new("tokenizer", e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids` (special tokens kept).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer.decode(ids, false).map_err(|e| Error::new("tokenizer", e.to_string()))
+    }
+
+    /// Renders the chat template over `messages`, ending with the assistant's turn opened.
+    pub fn apply_chat_template(&self, messages: &[Message]) -> Result<String> {
+        let tpl = self.chat_template.as_ref().ok_or_else(|| Error::new("chat template", "the model has none"))?;
+        let mut env = minijinja::Environment::new();
+        env.add_template("chat", tpl).map_err(|e| Error::new("chat template", e.to_string()))?;
+        let t = env.get_template("chat").map_err(|e| Error::new("chat template", e.to_string()))?;
+        t.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos.clone().unwrap_or_default(),
+            eos_token => self.eos.clone().unwrap_or_default(),
+        })
+        .map_err(|e| Error::new("chat template", e.to_string()))
+    }
+}
+
+/// Splits off the longest prefix of `bytes` that is complete UTF-8, so streaming never prints half a
+/// character; the rest waits for the next token.
+pub fn complete_utf8_prefix(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => bytes.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        // An invalid sequence (not merely incomplete) will never complete: emit it (lossily) now.
+        Err(_) => bytes.len(),
+    }
+}

@@ -1,0 +1,124 @@
+//! Reading tensors from a checkpoint's safetensors files, memory-mapped.
+//!
+//! One `model.safetensors`, or shards listed by `model.safetensors.index.json`. Tensor data is not assumed
+//! aligned (a header of odd length puts every tensor at an odd offset): values are decoded byte-wise from
+//! the mapping. bf16, f16 and f32 are accepted; anything else is an error naming the tensor.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::Dtype;
+
+use crate::error::{Error, Result};
+
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    data_start: usize,
+}
+
+/// Where a tensor is.
+#[derive(Clone, Debug)]
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// A checkpoint's tensors.
+pub struct Checkpoint {
+    shards: Vec<Shard>,
+    entries: HashMap<String, Entry>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint").field("tensors", &self.entries.len()).finish_non_exhaustive()
+    }
+}
+
+impl Checkpoint {
+    /// Opens the safetensors files of the model directory `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index.exists() {
+            let text =
+                std::fs::read_to_string(&index).map_err(|e| Error::new(index.display().to_string(), e.to_string()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| Error::new(index.display().to_string(), e.to_string()))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::new(index.display().to_string(), "no \"weight_map\" object"))?;
+            let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
+            names.sort();
+            names.dedup();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else {
+            return Err(Error::new(dir.display().to_string(), "no model.safetensors or model.safetensors.index.json"));
+        };
+        let mut shards = Vec::new();
+        let mut entries = HashMap::new();
+        for path in files {
+            let ctx = path.display().to_string();
+            let file = std::fs::File::open(&path).map_err(|e| Error::new(&ctx, e.to_string()))?;
+            // SAFETY: the mapping is read-only and private; checkpoints are not modified while a model loads
+            // from them (as with any memory-mapped model file, truncating it underneath a running process
+            // is outside what this program can defend against).
+            let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::new(&ctx, e.to_string()))?;
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
+                .map_err(|e| Error::new(&ctx, format!("not a valid safetensors file: {e}")))?;
+            let data_start = 8 + header_len;
+            for (name, info) in meta.tensors() {
+                let (start, end) = info.data_offsets;
+                entries.insert(
+                    name.clone(),
+                    Entry { shard: shards.len(), dtype: info.dtype, shape: info.shape.clone(), start, end },
+                );
+            }
+            shards.push(Shard { path, map, data_start });
+        }
+        Ok(Checkpoint { shards, entries })
+    }
+
+    /// Whether the checkpoint has a tensor.
+    pub fn has(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// A tensor's shape.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.entries.get(name).map(|e| e.shape.as_slice())
+    }
+
+    /// A tensor as f32 (from bf16, f16 or f32), checked against the expected shape.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let e = self.entries.get(name).ok_or_else(|| Error::new(name, "tensor is missing from the checkpoint"))?;
+        let shard = &self.shards[e.shard];
+        let ctx = format!("{} (in {})", name, shard.path.display());
+        if e.shape != shape {
+            return Err(Error::new(ctx, format!("shape {:?}, expected {:?}", e.shape, shape)));
+        }
+        let bytes = &shard.map[shard.data_start + e.start..shard.data_start + e.end];
+        let n: usize = shape.iter().product();
+        let out: Vec<f32> = match e.dtype {
+            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            other => return Err(Error::new(ctx, format!("dtype {other:?} is not supported (bf16, f16, f32)"))),
+        };
+        if out.len() != n {
+            return Err(Error::new(ctx, format!("holds {} values, its shape needs {n}", out.len())));
+        }
+        if let Some(i) = out.iter().position(|x| !x.is_finite()) {
+            return Err(Error::new(ctx, format!("value {i} is {}", out[i])));
+        }
+        Ok(out)
+    }
+}

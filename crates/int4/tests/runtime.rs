@@ -1,0 +1,253 @@
+//! The runtime on a tiny random Llama checkpoint written by the test: every path agrees with the f32
+//! reference within its error, incremental decoding equals a full forward, results do not depend on the
+//! thread count, and bad inputs are clear errors.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use int4::config::ModelConfig;
+use int4::linear::Numerics;
+use int4::model::Model;
+use int4::sampling::argmax;
+use int4::weights::Checkpoint;
+use int4_kernels::isa::{IsaCaps, IsaLevel};
+use int4_kernels::w4a16::W4A16Config;
+use int4_layout::GroupSize;
+use int4_layout::tinygemm::TinygemmBlock;
+use safetensors::tensor::{Dtype, TensorView};
+
+struct Rng(u64);
+impl Rng {
+    fn normal(&mut self) -> f32 {
+        let mut u = || {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            ((self.0 >> 11) as f64 / (1u64 << 53) as f64).max(1e-12)
+        };
+        let (a, b) = (u(), u());
+        ((-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()) as f32
+    }
+}
+
+const CONFIG: &str = r#"{
+  "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 160,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+  "rope_theta": 10000.0, "max_position_embeddings": 256, "vocab_size": 96, "tie_word_embeddings": true,
+  "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"
+}"#;
+
+/// Writes a tiny random checkpoint and returns its directory.
+fn tiny_model(name: &str) -> PathBuf {
+    tiny_model_with(name, |_, w| w)
+}
+
+/// The same, with `edit(name, values)` applied to every 2-D weight.
+fn tiny_model_with(name: &str, edit: impl Fn(&str, Vec<f32>) -> Vec<f32>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("int4-tiny-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), CONFIG).unwrap();
+    let (h, inter, hd, nh, nkv, vocab) = (64usize, 160usize, 16usize, 4usize, 2usize, 96usize);
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
+        let n: usize = shape.iter().product();
+        let mut values: Vec<f32> = (0..n).map(|_| offset + scale * rng.normal()).collect();
+        if shape.len() == 2 {
+            values = edit(&name, values);
+        }
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        tensors.push((name, shape, data));
+    };
+    add("model.embed_tokens.weight".into(), vec![vocab, h], 0.5, 0.0, &mut rng);
+    add("model.norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        add(format!("{p}.input_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
+        add(format!("{p}.post_attention_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
+        add(format!("{p}.self_attn.q_proj.weight"), vec![nh * hd, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.self_attn.k_proj.weight"), vec![nkv * hd, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.self_attn.v_proj.weight"), vec![nkv * hd, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.self_attn.o_proj.weight"), vec![h, nh * hd], 0.15, 0.0, &mut rng);
+        add(format!("{p}.mlp.gate_proj.weight"), vec![inter, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.mlp.up_proj.weight"), vec![inter, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.mlp.down_proj.weight"), vec![h, inter], 0.1, 0.0, &mut rng);
+    }
+    let views: HashMap<String, TensorView<'_>> =
+        tensors.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(&views, None, &dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+fn load(dir: &Path, numerics: Numerics) -> Model {
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    Model::load(cfg, &Checkpoint::open(dir).unwrap(), numerics).unwrap()
+}
+
+fn w4a16(level: IsaLevel, threshold: usize) -> Numerics {
+    Numerics::W4a16 {
+        block: TinygemmBlock::N32,
+        group: GroupSize::G32,
+        config: W4A16Config { dequant_threshold: threshold, direct_dequant: true },
+        level,
+    }
+}
+
+fn levels() -> Vec<IsaLevel> {
+    let mut v = vec![IsaLevel::Portable];
+    if int4_kernels::isa::Avx2Fma::with_caps(IsaCaps::process()).is_some() {
+        v.push(IsaLevel::Avx2);
+    } else {
+        eprintln!("runtime: SKIPPED the AVX2 kernels (not available on this machine or capped)");
+        assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "INT4_TEST_EVERYTHING=1 forbids skips");
+    }
+    v
+}
+
+const PROMPT: [u32; 12] = [1, 17, 33, 5, 90, 44, 12, 61, 7, 3, 80, 29];
+
+#[test]
+fn incremental_decoding_equals_one_full_forward() {
+    let dir = tiny_model("incremental");
+    for numerics in [Numerics::F32, Numerics::Bf16, w4a16(*levels().last().unwrap(), 4)] {
+        let model = load(&dir, numerics);
+        let mut full = model.kv_cache(64, 1 << 30).unwrap();
+        let all = model.forward(&PROMPT, &mut full, true).unwrap();
+        let mut inc = model.kv_cache(64, 1 << 30).unwrap();
+        let mut last = model.forward(&PROMPT[..5], &mut inc, false).unwrap();
+        for &t in &PROMPT[5..] {
+            last = model.forward(&[t], &mut inc, false).unwrap();
+        }
+        let v = model.config().vocab_size;
+        let want = &all[(PROMPT.len() - 1) * v..];
+        let worst = want.iter().zip(&last).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        // Decode rows run the decode kernel and a full forward the prefill kernel (at M >= 4), so the
+        // 4-bit path differs by float rounding only; the dense paths use one kernel per M as well.
+        assert!(worst < 2e-3, "{numerics:?}: incremental and full logits differ by {worst}");
+        assert_eq!(argmax(want), argmax(&last));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Every weight replaced by its 4-bit round trip (asymmetric grid, g32, no search): what the 4-bit paths
+/// compute, up to float rounding.
+fn dequantized(name: &str, w: Vec<f32>) -> Vec<f32> {
+    // Every 2-D weight has K = 64 (the hidden size) except down_proj (K = the intermediate size, 160).
+    let k = if name.ends_with("down_proj.weight") { 160 } else { 64 };
+    let n = w.len() / k;
+    let q = int4_layout::grid::quantize_asymmetric(
+        &w,
+        n,
+        k,
+        GroupSize::G32,
+        int4_layout::grid::ScaleSearch::Off,
+        int4_layout::grid::ParamPrecision::F32,
+    )
+    .unwrap();
+    (0..n * k).map(|i| q.params.weight(i / k, i % k, q.codes.get(i / k, i % k))).collect()
+}
+
+#[test]
+fn four_bit_paths_compute_the_dequantized_model() {
+    let exact = tiny_model("paths-exact");
+    let deq = tiny_model_with("paths-deq", dequantized);
+    let reference = load(&deq, Numerics::F32);
+    let mut c = reference.kv_cache(64, 1 << 30).unwrap();
+    let want = reference.forward(&PROMPT, &mut c, true).unwrap();
+    let norm = (want.iter().map(|x| x * x).sum::<f32>() / want.len() as f32).sqrt();
+    for level in levels() {
+        for numerics in [w4a16(level, 4), w4a16(level, 100), Numerics::Wna16 { group: GroupSize::G32 }] {
+            let m = load(&exact, numerics);
+            let mut c = m.kv_cache(64, 1 << 30).unwrap();
+            let got = m.forward(&PROMPT, &mut c, true).unwrap();
+            let worst = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            // Same weights, different summation orders: float rounding only.
+            assert!(
+                worst < 1e-4 * norm.max(1.0) * 10.0,
+                "{numerics:?}: differs from the dequantized f32 model by {worst}"
+            );
+            assert_eq!(
+                (0..PROMPT.len()).map(|i| argmax(&got[i * 96..(i + 1) * 96])).collect::<Vec<_>>(),
+                (0..PROMPT.len()).map(|i| argmax(&want[i * 96..(i + 1) * 96])).collect::<Vec<_>>(),
+                "{numerics:?}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&exact).unwrap();
+    std::fs::remove_dir_all(&deq).unwrap();
+}
+
+#[test]
+fn greedy_tokens_are_identical_for_one_and_two_threads() {
+    let dir = tiny_model("threads");
+    let model = load(&dir, w4a16(*levels().last().unwrap(), 4));
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let mut c = model.kv_cache(64, 1 << 30).unwrap();
+            let mut logits = model.forward(&PROMPT, &mut c, false).unwrap();
+            let mut out = Vec::new();
+            for _ in 0..20 {
+                let t = argmax(&logits);
+                out.push(t);
+                logits = model.forward(&[t], &mut c, false).unwrap();
+            }
+            (out, logits)
+        })
+    };
+    assert_eq!(run(1), run(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let dir = tiny_model("bad");
+    let model = load(&dir, Numerics::F32);
+    let mut c = model.kv_cache(8, 1 << 30).unwrap();
+    let e = model.forward(&[1, 2, 96], &mut c, false).unwrap_err();
+    assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+    let e = model.forward(&[1; 9], &mut c, false).unwrap_err();
+    assert!(e.to_string().contains("exceed the context"), "{e}");
+    assert!(model.forward(&[], &mut c, false).is_err());
+    let e = model.kv_cache(1 << 40, 1 << 30).unwrap_err();
+    assert!(e.to_string().contains("KV cache"), "{e}");
+    // A checkpoint missing a tensor, or with a wrong shape, names it.
+    let cfg = ModelConfig::from_json(&CONFIG.replace("\"hidden_size\": 64", "\"hidden_size\": 32")).unwrap();
+    let e = Model::load(cfg, &Checkpoint::open(&dir).unwrap(), Numerics::F32).unwrap_err();
+    assert!(e.to_string().contains("shape"), "{e}");
+    assert!(
+        ModelConfig::from_json(r#"{"architectures": ["GPT2LMHeadModel"]}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("not supported")
+    );
+    assert!(ModelConfig::from_json("{").is_err());
+    assert!(Checkpoint::open(&dir.join("nowhere")).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn config_reads_v4_and_v5_spellings_and_llama3_rope() {
+    let v4 = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "vocab_size": 10, "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}, "torch_dtype": "bfloat16"}"#;
+    let v5 = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "vocab_size": 10,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, "dtype": "bfloat16"}"#;
+    let (a, b) = (ModelConfig::from_json(v4).unwrap(), ModelConfig::from_json(v5).unwrap());
+    assert_eq!(a, b);
+    assert_eq!(a.rope_theta, 500000.0);
+    let f = a.rope_inv_freq();
+    let plain = ModelConfig { rope_llama3: None, ..a.clone() }.rope_inv_freq();
+    // High frequencies are kept, low ones divided by the factor.
+    assert_eq!(f[0], plain[0]);
+    assert!((f[f.len() - 1] - plain[plain.len() - 1] / 8.0).abs() < 1e-12);
+    let q3 = ModelConfig::from_json(
+        r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 10}"#,
+    )
+    .unwrap();
+    assert_eq!(q3.head_dim, 32);
+}
