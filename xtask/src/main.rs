@@ -47,13 +47,52 @@ fn ci() -> Result<()> {
     fetch_model(&[])?;
     let skips = Path::new("target/tmp/int4-test-skips.txt");
     let _ = std::fs::remove_file(skips);
-    run("cargo", &["test", "--workspace"], &[])?;
+    let mut totals = (0, 0);
+    run_tests(&["test", "--workspace"], &[], &mut totals)?;
     // The kernel suite again with the ISA capped at portable, so dispatch itself is exercised on the
     // fallback (each test also runs every variant directly).
-    run("cargo", &["test", "-p", "int4-kernels"], &[("INT4_ISA", "portable")])?;
+    run_tests(&["test", "-p", "int4-kernels"], &[("INT4_ISA", "portable")], &mut totals)?;
     report_skips(skips)?;
     bench(true)?;
     println!("xtask ci: all checks passed");
+    // The plain closing line: every test run above, summed.
+    println!("tests: {} passed, {} failed", totals.0, totals.1);
+    Ok(())
+}
+
+/// Runs `cargo <args>` echoing its output, adds the `test result:` counts to `totals`, and fails if it
+/// fails.
+fn run_tests(args: &[&str], env: &[(&str, &str)], totals: &mut (u64, u64)) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!("$ {}cargo {}", shown.concat(), args.join(" "));
+    let mut child = Command::new("cargo")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("could not start cargo")?;
+    let out = child.stdout.take().context("no stdout")?;
+    for line in BufReader::new(out).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| -> u64 {
+                rest.split(';')
+                    .find_map(|part| {
+                        part.trim().trim_start_matches("ok. ").trim_start_matches("FAILED. ").strip_suffix(word)
+                    })
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            totals.0 += count(" passed");
+            totals.1 += count(" failed");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
     Ok(())
 }
 
@@ -76,13 +115,22 @@ fn report_skips(path: &Path) -> Result<()> {
 }
 
 /// The benchmarks: the kernel table (W4A16 and dense kernels beside the machine's measured bandwidth and
-/// FMA ceilings), written to `target/bench/kernels.json` as well as printed.
+/// FMA ceilings) and tokens per second on the default model per path, written to `target/bench/*.json`
+/// as well as printed.
 fn bench(quick: bool) -> Result<()> {
     let mut args = vec!["run", "--release", "-p", "int4-benches", "--bin", "kernel-table", "--"];
     if quick {
         args.push("--quick");
     }
     args.extend(["--json", "target/bench/kernels.json"]);
+    run("cargo", &args, &[])?;
+    // Tokens per second on the default model (fetched and converted on first use).
+    fetch_model(&[])?;
+    let mut args = vec!["run", "--release", "-p", "int4-benches", "--bin", "model-bench", "--"];
+    if quick {
+        args.push("--quick");
+    }
+    args.extend(["--json", "target/bench/model.json"]);
     run("cargo", &args, &[])
 }
 

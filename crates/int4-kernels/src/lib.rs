@@ -33,6 +33,7 @@ pub mod kernel_id;
 pub mod portable;
 pub mod reference;
 pub mod shapes;
+pub mod vector;
 pub mod w4a16;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;

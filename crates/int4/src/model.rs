@@ -338,6 +338,7 @@ impl Model {
             }
             let (kc, vc) = (&cache.k[li], &cache.v[li]);
             let kw = nkv * hd;
+            let ops = int4_kernels::vector::VectorOps::new();
             // Heads in parallel; each computes every query row of the chunk for its head.
             let per_head: Vec<Vec<f32>> = (0..nh)
                 .into_par_iter()
@@ -351,7 +352,7 @@ impl Model {
                         let mut max = f32::NEG_INFINITY;
                         for (p, s) in scores[..upto].iter_mut().enumerate() {
                             let k = &kc[p * kw + kvh * hd..p * kw + (kvh + 1) * hd];
-                            *s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                            *s = ops.dot(q, k) * scale;
                             max = max.max(*s);
                         }
                         let mut sum = 0.0f32;
@@ -362,10 +363,7 @@ impl Model {
                         let o = &mut out[i * hd..(i + 1) * hd];
                         for (p, &s) in scores[..upto].iter().enumerate() {
                             let v = &vc[p * kw + kvh * hd..p * kw + (kvh + 1) * hd];
-                            let w = s / sum;
-                            for (a, &b) in o.iter_mut().zip(v) {
-                                *a += w * b;
-                            }
+                            ops.axpy(s / sum, v, o);
                         }
                     }
                     out

@@ -318,3 +318,23 @@ pub unsafe fn dot_bf16(a: *const f32, b: *const u16, len: usize) -> f32 {
     }
     s
 }
+
+/// `y[i] += alpha·x[i]` with FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `x` readable and `y` writable for `len` floats.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy(alpha: f32, x: *const f32, y: *mut f32, len: usize) {
+    let a = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    while i + 8 <= len {
+        // SAFETY: i + 8 <= len.
+        unsafe { _mm256_storeu_ps(y.add(i), _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)))) };
+        i += 8;
+    }
+    while i < len {
+        // SAFETY: i < len.
+        unsafe { *y.add(i) = alpha.mul_add(*x.add(i), *y.add(i)) };
+        i += 1;
+    }
+}

@@ -32,7 +32,13 @@ pub fn runnable_variants(test: &str) -> Vec<Variant> {
         if ok {
             out.push(v);
         } else {
-            let msg = format!("{test}: SKIPPED variant {} (not available: CPU or INT4_ISA/INT4_DISABLE cap)", v.name);
+            let cap = match (std::env::var("INT4_ISA"), std::env::var("INT4_DISABLE")) {
+                (Err(_), Err(_)) => "this CPU lacks it".to_string(),
+                (isa, dis) => {
+                    format!("capped by INT4_ISA={} INT4_DISABLE={}", isa.unwrap_or_default(), dis.unwrap_or_default())
+                }
+            };
+            let msg = format!("{test}: SKIPPED variant {} ({cap})", v.name);
             assert!(!everything, "{msg}, and INT4_TEST_EVERYTHING=1 forbids skips");
             eprintln!("{msg}");
             record_skip(&msg);
