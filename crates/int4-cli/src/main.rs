@@ -13,7 +13,7 @@ use int4::engine::{Engine, LoadOptions, RunPath};
 use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
-use int4::text::{Message, complete_utf8_prefix};
+use int4::text::Message;
 
 #[derive(Parser)]
 #[command(name = "int4", version, about = "4-bit-weight LLM inference on x86 CPUs")]
@@ -155,7 +155,6 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         (true, _) | (false, None) => SamplingConfig::greedy(),
         (false, Some(t)) => SamplingConfig { temperature: t, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
     };
-    let mut pending: Vec<u8> = Vec::new();
     let mut shown = String::new();
     let mut stdout = std::io::stdout();
     let mut emitted: Vec<u32> = Vec::new();
@@ -168,17 +167,16 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         if a.json {
             return;
         }
-        // Stream whole UTF-8 characters only: decode everything so far and print what is new and complete.
-        let text = engine.text.decode(&emitted).unwrap_or_default();
-        let bytes = text.as_bytes();
-        let new = &bytes[shown.len().min(bytes.len())..];
-        pending.clear();
-        pending.extend_from_slice(new);
-        let cut = complete_utf8_prefix(&pending);
-        let piece = String::from_utf8_lossy(&pending[..cut]).to_string();
-        shown.push_str(&piece);
-        let _ = stdout.write_all(piece.as_bytes());
-        let _ = stdout.flush();
+        // Stream whole characters only: a byte-level token can end inside a UTF-8 sequence, which the
+        // tokenizer decodes as U+FFFD until the next token completes it, so trailing replacement
+        // characters are held back, and only text extending what was already shown is printed.
+        let text = engine.text.decode_for_display(&emitted).unwrap_or_default();
+        let stable = text.trim_end_matches('\u{FFFD}');
+        if let Some(new) = stable.strip_prefix(shown.as_str()) {
+            let _ = stdout.write_all(new.as_bytes());
+            let _ = stdout.flush();
+            shown = stable.to_string();
+        }
         if a.stop.iter().any(|s| shown.contains(s.as_str())) {
             stopped_by_string = true;
         }

@@ -75,6 +75,11 @@ impl TextCodec {
         self.tokenizer.decode(ids, false).map_err(|e| Error::new("tokenizer", e.to_string()))
     }
 
+    /// Text of `ids` for people to read: special tokens (`<|im_end|>`, ...) left out.
+    pub fn decode_for_display(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer.decode(ids, true).map_err(|e| Error::new("tokenizer", e.to_string()))
+    }
+
     /// Renders the chat template over `messages`, ending with the assistant's turn opened.
     pub fn apply_chat_template(&self, messages: &[Message]) -> Result<String> {
         let tpl = self.chat_template.as_ref().ok_or_else(|| Error::new("chat template", "the model has none"))?;
@@ -88,16 +93,5 @@ impl TextCodec {
             eos_token => self.eos.clone().unwrap_or_default(),
         })
         .map_err(|e| Error::new("chat template", e.to_string()))
-    }
-}
-
-/// Splits off the longest prefix of `bytes` that is complete UTF-8, so streaming never prints half a
-/// character; the rest waits for the next token.
-pub fn complete_utf8_prefix(bytes: &[u8]) -> usize {
-    match std::str::from_utf8(bytes) {
-        Ok(_) => bytes.len(),
-        Err(e) if e.error_len().is_none() => e.valid_up_to(),
-        // An invalid sequence (not merely incomplete) will never complete: emit it (lossily) now.
-        Err(_) => bytes.len(),
     }
 }
