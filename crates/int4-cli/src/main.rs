@@ -122,6 +122,9 @@ fn rss_anon_mib() -> Option<f64> {
 }
 
 fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Probe (and ask Linux for the AMX tile state) before any worker thread exists: the kernel refuses the
+    // request if an existing thread's signal stack is too small for the tile state.
+    let _ = int4::select::probe::live();
     if let Some(t) = a.threads {
         rayon::ThreadPoolBuilder::new().num_threads(t).build_global()?;
     }
