@@ -3,6 +3,8 @@
 //! * [`w4a16`] — 4-bit weights in a tinygemm layout: a decode GEMV below `dequant_threshold` rows and a
 //!   prefill that dequantizes straight from the packed layout into bf16 panels for a GEMM at or above it;
 //! * [`dense`] — unquantized bf16 and f32 weights (the speed baseline and the fidelity reference path);
+//! * [`w4a8`] — int8 activations and 4-bit weights on AMX tiles, written over a tile interface and tested on
+//!   a bit-exact software emulator of the tile instructions;
 //! * [`portable`] — the wna16 fallback over row-major codes, and the scalar counterparts of every SIMD
 //!   inner loop, running on any architecture;
 //! * [`reference`] — the scalar f64 definition every kernel is tested against; [`budget`] — the error
@@ -35,6 +37,7 @@ pub mod reference;
 pub mod shapes;
 pub mod vector;
 pub mod w4a16;
+pub mod w4a8;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 

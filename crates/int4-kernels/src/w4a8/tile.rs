@@ -1,0 +1,235 @@
+//! A small interface over Intel AMX's integer tile instructions, and a software emulator of them.
+//!
+//! The W4A8 tiling and packing ([`super`]) are written once over [`TileUnit`]. The emulator implements the
+//! documented semantics of palette 1 exactly — eight tile registers of at most 16 rows × 64 bytes, a
+//! configuration that must be loaded before any tile instruction, `TDPBUSD`'s u8 × s8 products summed in
+//! fours into wrapping i32 accumulators, with B in the VNNI layout (each 4-byte group of a B row holds four
+//! consecutive K values of one output column) — and reports a configuration mistake as an error where the
+//! hardware would fault (`#UD`) or silently compute on the wrong shape. So the whole kernel is tested here,
+//! bit for bit, on a machine without AMX.
+//!
+//! The hardware implementation (`ldtilecfg`/`tileloadd`/`tdpbusd`/`tilestored`/`tilerelease` through
+//! `asm!`, constructed only through a capability token that checks CPUID, XCR0 and Linux's tile
+//! permission) is not in this build: no machine this project runs on has AMX to test it against.
+
+use std::fmt;
+
+/// Tile registers in palette 1.
+pub const TILES: usize = 8;
+/// Rows per tile in palette 1.
+pub const MAX_ROWS: usize = 16;
+/// Bytes per tile row in palette 1.
+pub const MAX_COLSB: usize = 64;
+
+/// A tile configuration (the 64-byte operand of `LDTILECFG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileConfig {
+    /// Palette; only 1 is supported.
+    pub palette: u8,
+    /// Bytes per row of each tile (0: unused).
+    pub colsb: [u16; TILES],
+    /// Rows of each tile (0: unused).
+    pub rows: [u8; TILES],
+}
+
+impl TileConfig {
+    /// A palette-1 configuration with every tile unused.
+    pub fn new() -> Self {
+        TileConfig { palette: 1, colsb: [0; TILES], rows: [0; TILES] }
+    }
+
+    /// The same with tile `t` shaped `rows × colsb`.
+    pub fn with_tile(mut self, t: usize, rows: u8, colsb: u16) -> Self {
+        self.rows[t] = rows;
+        self.colsb[t] = colsb;
+        self
+    }
+
+    /// The 64-byte memory image `LDTILECFG` reads: palette at byte 0, `colsb` as u16 at bytes 16..32,
+    /// `rows` at bytes 48..56.
+    pub fn to_bytes(&self) -> [u8; 64] {
+        let mut b = [0u8; 64];
+        b[0] = self.palette;
+        for t in 0..TILES {
+            b[16 + 2 * t..18 + 2 * t].copy_from_slice(&self.colsb[t].to_le_bytes());
+            b[48 + t] = self.rows[t];
+        }
+        b
+    }
+
+    fn validate(&self) -> Result<(), TileError> {
+        if self.palette != 1 {
+            return Err(TileError::BadConfig(format!("palette {} (only palette 1 is supported)", self.palette)));
+        }
+        for t in 0..TILES {
+            let (r, c) = (usize::from(self.rows[t]), usize::from(self.colsb[t]));
+            if r > MAX_ROWS || c > MAX_COLSB || (r == 0) != (c == 0) {
+                return Err(TileError::BadConfig(format!(
+                    "tile {t}: {r} rows × {c} bytes exceeds palette 1 or is half-set"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for TileConfig {
+    fn default() -> Self {
+        TileConfig::new()
+    }
+}
+
+/// A tile instruction that cannot execute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TileError {
+    /// No configuration is loaded (hardware: `#UD`, the SIGILL upstream hit).
+    NotConfigured,
+    /// The configuration itself is invalid.
+    BadConfig(String),
+    /// A tile index is out of range or names an unconfigured tile.
+    BadTile(usize),
+    /// The operands' shapes do not fit the instruction.
+    ShapeMismatch(String),
+    /// A memory operand is too short for the tile.
+    OutOfBounds(String),
+}
+
+impl fmt::Display for TileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TileError::NotConfigured => write!(f, "tile instruction with no tile configuration loaded"),
+            TileError::BadConfig(m) => write!(f, "invalid tile configuration: {m}"),
+            TileError::BadTile(t) => write!(f, "tile {t} is out of range or not configured"),
+            TileError::ShapeMismatch(m) => write!(f, "tile shapes do not fit: {m}"),
+            TileError::OutOfBounds(m) => write!(f, "memory operand too short: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TileError {}
+
+/// The tile instructions the W4A8 kernel uses.
+pub trait TileUnit {
+    /// `LDTILECFG`: loads a configuration (zeroing every tile).
+    fn load_config(&mut self, cfg: &TileConfig) -> Result<(), TileError>;
+    /// `TILEZERO t`.
+    fn zero(&mut self, t: usize) -> Result<(), TileError>;
+    /// `TILELOADD t, [base + row·stride]`.
+    fn load(&mut self, t: usize, base: &[u8], stride: usize) -> Result<(), TileError>;
+    /// `TDPBUSD dst, a, b`: `dst.i32[m][n] += Σ_{k, i<4} u8(a[m][4k+i])·s8(b[k][4n+i])`, wrapping.
+    fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError>;
+    /// `TILESTORED [base + row·stride], t`.
+    fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError>;
+    /// `TILERELEASE`: back to the unconfigured state.
+    fn release(&mut self);
+}
+
+/// The software emulator.
+#[derive(Clone, Debug)]
+pub struct TileEmulator {
+    cfg: Option<TileConfig>,
+    tiles: Vec<[u8; MAX_ROWS * MAX_COLSB]>,
+}
+
+impl Default for TileEmulator {
+    fn default() -> Self {
+        TileEmulator::new()
+    }
+}
+
+impl TileEmulator {
+    /// An unconfigured tile unit.
+    pub fn new() -> Self {
+        TileEmulator { cfg: None, tiles: vec![[0; MAX_ROWS * MAX_COLSB]; TILES] }
+    }
+
+    fn shape(&self, t: usize) -> Result<(usize, usize), TileError> {
+        let cfg = self.cfg.as_ref().ok_or(TileError::NotConfigured)?;
+        if t >= TILES || cfg.rows[t] == 0 {
+            return Err(TileError::BadTile(t));
+        }
+        Ok((usize::from(cfg.rows[t]), usize::from(cfg.colsb[t])))
+    }
+}
+
+impl TileUnit for TileEmulator {
+    fn load_config(&mut self, cfg: &TileConfig) -> Result<(), TileError> {
+        cfg.validate()?;
+        self.cfg = Some(*cfg);
+        for t in &mut self.tiles {
+            t.fill(0);
+        }
+        Ok(())
+    }
+
+    fn zero(&mut self, t: usize) -> Result<(), TileError> {
+        self.shape(t)?;
+        self.tiles[t].fill(0);
+        Ok(())
+    }
+
+    fn load(&mut self, t: usize, base: &[u8], stride: usize) -> Result<(), TileError> {
+        let (rows, colsb) = self.shape(t)?;
+        if rows > 0 && base.len() < (rows - 1) * stride + colsb {
+            return Err(TileError::OutOfBounds(format!(
+                "tile {t} needs {} bytes, got {}",
+                (rows - 1) * stride + colsb,
+                base.len()
+            )));
+        }
+        for r in 0..rows {
+            self.tiles[t][r * MAX_COLSB..r * MAX_COLSB + colsb].copy_from_slice(&base[r * stride..r * stride + colsb]);
+        }
+        Ok(())
+    }
+
+    fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        let (dr, dc) = self.shape(dst)?;
+        let (ar, ac) = self.shape(a)?;
+        let (br, bc) = self.shape(b)?;
+        if dst == a || dst == b || a == b {
+            return Err(TileError::ShapeMismatch("TDPBUSD needs three distinct tiles".into()));
+        }
+        if ar != dr || bc != dc || ac != 4 * br || dc % 4 != 0 || ac % 4 != 0 {
+            return Err(TileError::ShapeMismatch(format!(
+                "dst {dr}×{dc}, a {ar}×{ac}, b {br}×{bc}: need a.rows = dst.rows, b.colsb = dst.colsb, a.colsb = 4·b.rows"
+            )));
+        }
+        let (ta, tb) = (self.tiles[a], self.tiles[b]);
+        let td = &mut self.tiles[dst];
+        for m in 0..dr {
+            for n in 0..dc / 4 {
+                let o = m * MAX_COLSB + 4 * n;
+                let mut acc = i32::from_le_bytes(td[o..o + 4].try_into().expect("4 bytes"));
+                for k in 0..br {
+                    for i in 0..4 {
+                        let x = i32::from(ta[m * MAX_COLSB + 4 * k + i]);
+                        let w = i32::from(tb[k * MAX_COLSB + 4 * n + i] as i8);
+                        acc = acc.wrapping_add(x * w);
+                    }
+                }
+                td[o..o + 4].copy_from_slice(&acc.to_le_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError> {
+        let (rows, colsb) = self.shape(t)?;
+        if rows > 0 && base.len() < (rows - 1) * stride + colsb {
+            return Err(TileError::OutOfBounds(format!(
+                "tile {t} needs {} bytes, got {}",
+                (rows - 1) * stride + colsb,
+                base.len()
+            )));
+        }
+        for r in 0..rows {
+            base[r * stride..r * stride + colsb].copy_from_slice(&self.tiles[t][r * MAX_COLSB..r * MAX_COLSB + colsb]);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self) {
+        self.cfg = None;
+    }
+}
