@@ -9,6 +9,10 @@
 //! * **Per K block**: `acc = Σ u8·w8 − 128·comp` (= `Σ xq·w8`, exact in i32), then
 //!   `out += acc · a_scale[m] · w_scale[group, n]` in f32, blocks in K order.
 //!
+//! The repacked B tiles hold one byte per weight (`w8`), twice the 4-bit footprint: expanding 4-bit blocks
+//! into a tile buffer per K block at run time, as vLLM's kernel does, is the step that keeps the memory
+//! saving and is not done yet.
+//!
 //! [`gemm`] runs that over any [`tile::TileUnit`]: it loads its own tile configuration before its first tile
 //! instruction (never assuming another kernel's) and releases the tiles on every exit path. Tested bit for
 //! bit against [`crate::reference::w4a8`] through the [`tile::TileEmulator`].
