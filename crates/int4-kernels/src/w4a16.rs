@@ -391,9 +391,30 @@ fn halves_panel(
     }
 }
 
+/// Calls the AVX2 decode for `mr` rows after checking every range it touches (off x86-64, where no
+/// `Avx2Fma` token can exist, the portable loop).
+#[allow(clippy::too_many_arguments)]
+fn decode_avx2(
+    _tok: Avx2Fma,
+    mr: usize,
+    x: &[f32],
+    k: usize,
+    xs: &[f32],
+    bytes: &[u8],
+    stride: usize,
+    sz: &[f32],
+    g_len: usize,
+    tile: &mut [f32],
+) {
+    #[cfg(not(target_arch = "x86_64"))]
+    portable::decode_lane_group(mr, x, k, xs, bytes, stride, sz, k, g_len, tile);
+    #[cfg(target_arch = "x86_64")]
+    decode_avx2_checked(_tok, mr, x, k, xs, bytes, stride, sz, g_len, tile)
+}
+
 #[allow(clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
-fn decode_avx2(
+fn decode_avx2_checked(
     _tok: Avx2Fma,
     mr: usize,
     x: &[f32],
@@ -425,8 +446,8 @@ fn decode_avx2(
     }
 }
 
+/// Calls the AVX2 panel dequantization after checking its ranges (off x86-64, the portable loop).
 #[allow(clippy::too_many_arguments)]
-#[cfg(target_arch = "x86_64")]
 fn dequant_panel_avx2(
     _tok: Avx2Fma,
     bytes: &[u8],
@@ -437,43 +458,16 @@ fn dequant_panel_avx2(
     g_len: usize,
     panel: &mut [f32],
 ) {
-    assert!(k1 > k0 && bytes.len() >= (k1 - 1) * stride + 8);
-    assert!(sz.len() >= ((k1 - 1) / g_len + 1) * 32 && panel.len() >= (k1 - k0) * 16);
-    // SAFETY: `Avx2Fma` proves AVX2 and FMA; the asserts give the byte, parameter and panel ranges the
-    // function touches for input channels k0..k1.
-    unsafe {
-        crate::x86_64::avx2::dequant_panel(bytes.as_ptr(), stride, sz.as_ptr(), k0, k1, g_len, panel.as_mut_ptr())
+    #[cfg(not(target_arch = "x86_64"))]
+    portable::dequant_panel(bytes, stride, sz, k0, k1, g_len, panel);
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(k1 > k0 && bytes.len() >= (k1 - 1) * stride + 8);
+        assert!(sz.len() >= ((k1 - 1) / g_len + 1) * 32 && panel.len() >= (k1 - k0) * 16);
+        // SAFETY: `Avx2Fma` proves AVX2 and FMA; the asserts give the byte, parameter and panel ranges the
+        // function touches for input channels k0..k1.
+        unsafe {
+            crate::x86_64::avx2::dequant_panel(bytes.as_ptr(), stride, sz.as_ptr(), k0, k1, g_len, panel.as_mut_ptr())
+        }
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-#[cfg(not(target_arch = "x86_64"))]
-fn decode_avx2(
-    _tok: Avx2Fma,
-    mr: usize,
-    x: &[f32],
-    k: usize,
-    xs: &[f32],
-    bytes: &[u8],
-    stride: usize,
-    sz: &[f32],
-    g_len: usize,
-    tile: &mut [f32],
-) {
-    portable::decode_lane_group(mr, x, k, xs, bytes, stride, sz, k, g_len, tile)
-}
-
-#[allow(clippy::too_many_arguments)]
-#[cfg(not(target_arch = "x86_64"))]
-fn dequant_panel_avx2(
-    _tok: Avx2Fma,
-    bytes: &[u8],
-    stride: usize,
-    sz: &[f32],
-    k0: usize,
-    k1: usize,
-    g_len: usize,
-    panel: &mut [f32],
-) {
-    portable::dequant_panel(bytes, stride, sz, k0, k1, g_len, panel)
 }
