@@ -69,3 +69,37 @@ pub fn rss_anon_and_file() -> Option<(u64, u64)> {
     };
     Some((field("RssAnon:")?, field("RssFile:")?))
 }
+
+/// Samples this process's `RssAnon` on a background thread until stopped, keeping the peak: how the
+/// benchmarks report peak anonymous memory during a load, which `/proc` does not record (`VmHWM` counts
+/// file-backed pages too).
+#[derive(Debug)]
+pub struct PeakRssAnon {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<u64>,
+}
+
+impl PeakRssAnon {
+    /// Starts sampling every `every`.
+    pub fn start(every: std::time::Duration) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut peak = 0;
+            loop {
+                peak = peak.max(rss_anon_and_file().map_or(0, |r| r.0));
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    return peak;
+                }
+                std::thread::sleep(every);
+            }
+        });
+        PeakRssAnon { stop, handle }
+    }
+
+    /// Stops sampling and returns the peak in bytes (one last sample included).
+    pub fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap_or(0)
+    }
+}

@@ -6,7 +6,6 @@
 //! the tests also destructure it without `..`, so adding a field fails to compile until the tests cover it.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -77,18 +76,10 @@ impl SourceIdentity {
     }
 }
 
-/// blake3 of a file's contents, hex.
+/// blake3 of a file's contents, hex (memory-mapped and hashed on every core).
 pub fn hash_file(path: &Path) -> Result<String, CacheError> {
-    let mut f = std::fs::File::open(path).map_err(|e| CacheError::io(path, e))?;
     let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| CacheError::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
+    h.update_mmap_rayon(path).map_err(|e| CacheError::io(path, e))?;
     Ok(h.finalize().to_hex().to_string())
 }
 

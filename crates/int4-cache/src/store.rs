@@ -93,17 +93,30 @@ impl MappedArtifact {
 
     /// A section's bytes (64-byte aligned), zero-copy from the mapping.
     pub fn section(&self, name: &str) -> Option<&[u8]> {
+        self.section_range(name).map(|r| &self.map[r])
+    }
+
+    /// Where a section lies in the whole file ([`AsRef<[u8]>`] gives the file's bytes), for callers that
+    /// share the mapping among many readers.
+    pub fn section_range(&self, name: &str) -> Option<std::ops::Range<usize>> {
         let s = self.header.sections.iter().find(|s| s.name == name)?;
-        Some(&self.map[s.offset as usize..(s.offset + s.len) as usize])
+        Some(s.offset as usize..(s.offset + s.len) as usize)
     }
 
     /// blake3 of the payload, recomputed from the mapping.
     pub fn payload_hash(&self) -> String {
         let mut h = blake3::Hasher::new();
         for s in &self.header.sections {
-            h.update(&self.map[s.offset as usize..(s.offset + s.len) as usize]);
+            h.update_rayon(&self.map[s.offset as usize..(s.offset + s.len) as usize]);
         }
         h.finalize().to_hex().to_string()
+    }
+}
+
+impl AsRef<[u8]> for MappedArtifact {
+    /// The whole file, header included.
+    fn as_ref(&self) -> &[u8] {
+        &self.map
     }
 }
 
@@ -227,7 +240,7 @@ impl ArtifactStore {
         let mut table = Vec::new();
         let mut payload = blake3::Hasher::new();
         for (name, bytes) in sections {
-            payload.update(bytes);
+            payload.update_rayon(bytes);
             table.push(Section { name: name.clone(), offset: 0, len: bytes.len() as u64 });
         }
         let mut header = Header {
@@ -299,25 +312,26 @@ impl ArtifactStore {
     }
 
     /// Loads `key`, or builds it with `build` and stores it. An invalid artifact is rebuilt; a cache that
-    /// cannot be written gives an in-memory artifact. Every such event is returned as a warning.
-    pub fn get_or_build(
+    /// cannot be written gives an in-memory artifact. Every such event is returned as a warning; only an
+    /// error of `build` itself is an error.
+    pub fn get_or_build<E>(
         &self,
         key: &ArtifactKey,
-        build: impl FnOnce() -> Vec<(String, Vec<u8>)>,
-    ) -> (Artifact, Vec<String>) {
+        build: impl FnOnce() -> Result<Vec<(String, Vec<u8>)>, E>,
+    ) -> Result<(Artifact, Vec<String>), E> {
         let mut warnings = Vec::new();
         match self.load(key) {
-            Lookup::Hit(m) => return (Artifact::Mapped(m), warnings),
+            Lookup::Hit(m) => return Ok((Artifact::Mapped(m), warnings)),
             Lookup::Miss => {}
             Lookup::Invalid(why) => warnings.push(format!("cached artifact not used ({why}); rebuilding it")),
         }
-        let sections = build();
+        let sections = build()?;
         match self.store(key, &sections) {
-            Ok(m) => (Artifact::Mapped(m), warnings),
+            Ok(m) => Ok((Artifact::Mapped(m), warnings)),
             Err(e) => {
                 let warning = format!("cache unusable ({e}); running uncached");
                 warnings.push(warning.clone());
-                (Artifact::InMemory { sections, warning }, warnings)
+                Ok((Artifact::InMemory { sections, warning }, warnings))
             }
         }
     }
@@ -340,6 +354,14 @@ impl ArtifactStore {
         }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         out
+    }
+
+    /// The header of the artifact named `hash` (checked as a load checks it, payload hash aside), for
+    /// listings that say what each artifact is.
+    pub fn header(&self, hash: &str) -> Result<Header, CacheError> {
+        let path = self.path_for(hash);
+        let file = File::open(&path).map_err(|e| CacheError::io(&path, e))?;
+        Ok(map_checked(file, &path, None)?.header)
     }
 
     /// Checks every artifact fully (header, size, payload blake3): `(key, Ok or the problem)`.

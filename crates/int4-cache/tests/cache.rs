@@ -158,7 +158,7 @@ fn damaged_artifacts_are_never_used() {
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 1).unwrap();
     let Lookup::Invalid(why) = store.load(&key) else { panic!("a truncated artifact loaded") };
     assert!(why.contains("truncated"), "{why}");
-    let (art, warnings) = store.get_or_build(&key, sections);
+    let (art, warnings) = store.get_or_build(&key, || Ok::<_, ()>(sections())).unwrap();
     assert!(matches!(art, Artifact::Mapped(_)) && warnings[0].contains("rebuilding"), "{warnings:?}");
     drop(art);
     // Wrong version.
@@ -212,7 +212,7 @@ fn an_unwritable_cache_runs_uncached_with_a_warning() {
     let blocker = tempdir("unwritable");
     std::fs::write(&blocker, b"a file where the directory should be").unwrap();
     let store = ArtifactStore::new(blocker.join("cache"));
-    let (art, warnings) = store.get_or_build(&a_key("u"), sections);
+    let (art, warnings) = store.get_or_build(&a_key("u"), || Ok::<_, ()>(sections())).unwrap();
     assert!(matches!(art, Artifact::InMemory { .. }));
     assert!(warnings[0].contains("uncached"), "{warnings:?}");
     assert_eq!(art.section("b").unwrap(), &vec![7u8; 4097][..]);
@@ -227,7 +227,7 @@ fn removing_the_cache_dir_while_mapped_is_survived() {
     std::fs::remove_dir_all(store.dir()).unwrap();
     assert_eq!(m.section("a").unwrap(), &sections()[0].1[..], "the mapping outlives the file");
     assert!(matches!(store.load(&key), Lookup::Miss));
-    let (art, warnings) = store.get_or_build(&key, sections);
+    let (art, warnings) = store.get_or_build(&key, || Ok::<_, ()>(sections())).unwrap();
     assert!(matches!(art, Artifact::Mapped(_)) && warnings.is_empty());
     let _ = std::fs::remove_dir_all(store.dir());
 }

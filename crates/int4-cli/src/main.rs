@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use int4::engine::{Engine, LoadOptions, RunPath};
+use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
 use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
@@ -98,6 +98,9 @@ struct GenerateArgs {
     /// The session's context (KV cache positions).
     #[arg(long, default_value_t = 2048)]
     context: usize,
+    /// Pack the weights in memory and neither read nor write the artifact cache.
+    #[arg(long)]
+    no_cache: bool,
 }
 
 fn main() -> ExitCode {
@@ -140,8 +143,21 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         PathArg::Bf16 => RunPath::Bf16,
         PathArg::F32 => RunPath::F32,
     };
-    let opts = LoadOptions { path, priority, context: a.context, ..LoadOptions::default() };
+    let mut opts = LoadOptions { path, priority, context: a.context, ..LoadOptions::default() };
+    if a.no_cache {
+        opts.cache = None;
+    }
     let engine = Engine::load(&a.model_dir, &opts)?;
+    for w in &engine.warnings {
+        eprintln!("[int4] warning: {w}");
+    }
+    let packed_from = match &engine.packed_from {
+        PackedFrom::NotPacked => "not packed".to_string(),
+        PackedFrom::Uncached => "packed, cache off".to_string(),
+        PackedFrom::Cache(p) => format!("warm, mapped from {}", p.display()),
+        PackedFrom::Built(p) => format!("cold, packed and cached in {}", p.display()),
+        PackedFrom::InMemory => "packed, cache unusable".to_string(),
+    };
     let prompt_ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids
             .split(',')
@@ -196,6 +212,7 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
             "plan": engine.plan,
             "kernels": kernels.iter().map(|k| serde_json::json!({"layer": k.layer, "decode": k.decode.name(), "prefill": k.prefill.name()})).collect::<Vec<_>>(),
             "load_s": engine.load_time.as_secs_f64(),
+            "packed_from": packed_from,
             "prefill_s": out.prefill.as_secs_f64(),
             "decode_s": out.decode.as_secs_f64(),
             "prefill_tok_s": prefill_tps,
@@ -207,8 +224,9 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!();
         let path = engine.plan.as_ref().map_or_else(|| format!("{:?}", engine.model.numerics()), |p| p.path.clone());
         eprintln!(
-            "[int4] load {:.2} s (uncached) | prefill {} tok at {:.1} tok/s | decode {} tok at {:.1} tok/s | path {} (decode {}, prefill {}) | stop {:?} | RssAnon {:.0} MiB",
+            "[int4] load {:.2} s ({}) | prefill {} tok at {:.1} tok/s | decode {} tok at {:.1} tok/s | path {} (decode {}, prefill {}) | stop {:?} | RssAnon {:.0} MiB",
             engine.load_time.as_secs_f64(),
+            packed_from,
             prompt_ids.len(),
             prefill_tps,
             out.tokens.len(),
@@ -283,7 +301,30 @@ fn cache(action: &str, bytes: Option<u64>) -> ExitCode {
             let mut total = 0;
             for e in entries {
                 total += e.size;
-                println!("  {}  {:>12} bytes{}", e.key, e.size, if e.pinned { "  pinned" } else { "" });
+                // What the artifact holds, from its header's canonical key: source files, path and group.
+                let what = store
+                    .header(&e.key)
+                    .ok()
+                    .and_then(|h| serde_json::from_str::<serde_json::Value>(&h.canonical).ok())
+                    .map_or_else(
+                        || "unreadable header (int4 cache verify says why)".to_string(),
+                        |k| {
+                            let files: Vec<&str> = k["source"]["files"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(|f| f["name"].as_str())
+                                .collect();
+                            format!(
+                                "{} | {} | group {} | {}",
+                                k["plan"]["path"].as_str().unwrap_or("?"),
+                                k["quantization"]["method"].as_str().unwrap_or("?"),
+                                k["quantization"]["fields"]["group_size"],
+                                files.join(", ")
+                            )
+                        },
+                    );
+                println!("  {}  {:>12} bytes{}  {what}", e.key, e.size, if e.pinned { "  pinned" } else { "" });
             }
             println!("total {total} bytes");
             ExitCode::SUCCESS

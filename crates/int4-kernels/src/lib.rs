@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 
 pub mod budget;
+pub mod bytes;
 pub mod ceiling;
 pub mod dense;
 pub mod error;

@@ -12,7 +12,8 @@
 use int4_layout::{Codes, GroupParams, dequantize, rowmajor};
 use rayon::prelude::*;
 
-use crate::error::{KernelError, check_len};
+use crate::bytes::SharedBytes;
+use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::kernel_id::KernelId;
 
 /// W4A16 decode for one lane group (see [`crate::x86_64::avx2::decode_lane_group`]): `bytes` starts at the
@@ -96,16 +97,22 @@ pub(crate) fn gemm_microkernel(mr: usize, kc: usize, a: &[f32], lda: usize, pane
 pub struct Wna16Linear {
     n: usize,
     k: usize,
-    row_major: Vec<u8>,
+    row_major: SharedBytes,
     params: GroupParams,
     bias: Option<Vec<f32>>,
 }
 
 impl Wna16Linear {
-    /// Builds the layer from row-major nibbles (`[N][K/2]`) and parameters.
-    pub fn new(row_major: Vec<u8>, params: GroupParams, bias: Option<Vec<f32>>) -> Result<Self, KernelError> {
+    /// Builds the layer from row-major nibbles (`[N][K/2]`, K even) and parameters. The bytes may be a
+    /// section of a memory-mapped artifact, read in place.
+    pub fn new(row_major: SharedBytes, params: GroupParams, bias: Option<Vec<f32>>) -> Result<Self, KernelError> {
         let (n, k) = (params.n(), params.k());
-        rowmajor::unpack(&row_major, n, k)?;
+        if k % 2 != 0 {
+            return Err(KernelError::new(KernelErrorKind::Layout(format!(
+                "row-major nibbles need an even K, got {k}"
+            ))));
+        }
+        check_len("row-major nibbles", n * k / 2, row_major.len())?;
         if let Some(b) = &bias {
             check_len("bias", n, b.len())?;
         }
@@ -114,7 +121,17 @@ impl Wna16Linear {
 
     /// Builds the layer from unpacked codes.
     pub fn from_codes(codes: &Codes, params: GroupParams, bias: Option<Vec<f32>>) -> Result<Self, KernelError> {
-        Self::new(rowmajor::pack(codes)?, params, bias)
+        Self::new(rowmajor::pack(codes)?.into(), params, bias)
+    }
+
+    /// The row-major nibbles (`[N][K/2]`).
+    pub fn row_major(&self) -> &[u8] {
+        &self.row_major
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &GroupParams {
+        &self.params
     }
 
     /// Which kernel this is.

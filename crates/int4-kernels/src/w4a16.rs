@@ -22,6 +22,7 @@ use int4_layout::tinygemm::{self, TinygemmBlock, TinygemmMatrix};
 use int4_layout::{Codes, GroupParams, GroupSize, halves};
 use rayon::prelude::*;
 
+use crate::bytes::SharedBytes;
 use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::gemm::{self, Engine};
 use crate::isa::{Avx2Fma, IsaCaps, IsaLevel};
@@ -101,11 +102,11 @@ pub struct W4A16Weights {
     k: usize,
     group: GroupSize,
     block: TinygemmBlock,
-    packed: Vec<u8>,
+    packed: SharedBytes,
     /// Per lane group, per group: `[s_lo 8][s_hi 8][z_lo 8][z_hi 8]` in lane order.
     lane_params: Vec<f32>,
     lanes: Vec<LaneGroup>,
-    halves: Option<Vec<u8>>,
+    halves: Option<SharedBytes>,
     params: GroupParams,
 }
 
@@ -119,16 +120,17 @@ impl W4A16Weights {
         direct_dequant: bool,
     ) -> Result<Self, KernelError> {
         let packed = tinygemm::pack(codes, block)?;
-        let halves = if direct_dequant { None } else { Some(halves::pack(codes)?) };
-        Self::from_packed(packed, params, block, halves)
+        let halves = if direct_dequant { None } else { Some(halves::pack(codes)?.into()) };
+        Self::from_packed(packed.into(), params, block, halves)
     }
 
-    /// Wraps already-packed tinygemm bytes (for example from the artifact cache).
+    /// Wraps already-packed tinygemm bytes (for example a section of a memory-mapped artifact, which is
+    /// then read in place), checking their length against the parameters' shape.
     pub fn from_packed(
-        packed: Vec<u8>,
+        packed: SharedBytes,
         params: GroupParams,
         block: TinygemmBlock,
-        halves: Option<Vec<u8>>,
+        halves: Option<SharedBytes>,
     ) -> Result<Self, KernelError> {
         let (n, k) = (params.n(), params.k());
         TinygemmMatrix::new(&packed, n, k, block)?;
@@ -167,6 +169,11 @@ impl W4A16Weights {
         &self.packed
     }
 
+    /// The split-halves planes, when kept (`direct_dequant: false`).
+    pub fn halves(&self) -> Option<&[u8]> {
+        self.halves.as_deref()
+    }
+
     /// The canonical parameters.
     pub fn params(&self) -> &GroupParams {
         &self.params
@@ -179,7 +186,7 @@ impl W4A16Weights {
 
     /// Bytes this layer holds (packed, parameters, and the split halves if kept).
     pub fn resident_bytes(&self) -> usize {
-        self.decode_bytes() + self.halves.as_ref().map_or(0, Vec::len)
+        self.decode_bytes() + self.halves.as_ref().map_or(0, |h| h.len())
     }
 
     fn lane_sz(&self, lg: usize) -> &[f32] {

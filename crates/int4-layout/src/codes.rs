@@ -234,6 +234,29 @@ impl GroupParams {
         dequantize(code, self.scale(n, g), self.zero(n, g))
     }
 
+    /// The scales then the zeros, each `[N][G]` f32 little-endian: the form artifacts store.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        self.scale.iter().chain(&self.zero).flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Reads what [`GroupParams::to_le_bytes`] wrote for an `n × k` matrix with `group`, checking its
+    /// length and that every value is finite.
+    pub fn from_le_bytes(n: usize, k: usize, group: GroupSize, bytes: &[u8]) -> Result<Self> {
+        check_shape(n, k)?;
+        let count = n * group.groups(k);
+        if bytes.len() != 8 * count {
+            return err(LayoutErrorKind::LengthMismatch {
+                what: "scale and zero bytes",
+                expected: 8 * count,
+                actual: bytes.len(),
+            });
+        }
+        let mut values = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let scale: Vec<f32> = values.by_ref().take(count).collect();
+        let zero: Vec<f32> = values.collect();
+        GroupParams::new(n, k, group, scale, zero)
+    }
+
     /// PyTorch's `qScaleAndZeros` arrangement: `[G][N][2]` with the pair (scale, zero), here in f32.
     pub fn to_tinygemm_scales_and_zeros(&self) -> Vec<f32> {
         let groups = self.groups();

@@ -135,7 +135,7 @@ pub fn quantize_asymmetric(
                 // and zero were rounded, the grid's low end is where they put it, `zero − 8·scale`.
                 let origin = if precision == ParamPrecision::F32 { low } else { zero - 8.0 * scale };
                 let trial = &mut trial[..ws.len()];
-                let e = encode_float_zero(ws, scale, zero, |x| (x - origin) / scale, trial);
+                let e = encode_float_zero(ws, scale, zero, |x| (x - origin) / scale, trial, shrinks.len() > 1);
                 if e < best.0 {
                     best = (e, scale, zero);
                     out.copy_from_slice(trial);
@@ -183,7 +183,14 @@ pub fn quantize_symmetric(
             for &f in factors {
                 let scale = precision.round(base * f);
                 let trial = &mut trial[..ws.len()];
-                let e = encode_float_zero(ws, scale, 0.0, |x| (x / scale).round_ties_even() + 8.0, trial);
+                let e = encode_float_zero(
+                    ws,
+                    scale,
+                    0.0,
+                    |x| (x / scale).round_ties_even() + 8.0,
+                    trial,
+                    factors.len() > 1,
+                );
                 if e < best.0 {
                     best = (e, scale);
                     out.copy_from_slice(trial);
@@ -255,15 +262,41 @@ pub fn quantize_integer_zero(
 
 /// Chooses codes for `ws` (`position` maps a weight to its unrounded grid position) and returns the squared
 /// error of the weights decoded with the given scale and zero.
-fn encode_float_zero(ws: &[f32], scale: f32, zero: f32, position: impl Fn(f32) -> f32, out: &mut [u8]) -> f64 {
+/// Codes of `ws` at `position(x)` on the grid, and their squared error (only worked out when `measure`: a
+/// single trial needs no comparison, and the serial f64 sum would be most of its cost).
+fn encode_float_zero(
+    ws: &[f32],
+    scale: f32,
+    zero: f32,
+    position: impl Fn(f32) -> f32,
+    out: &mut [u8],
+    measure: bool,
+) -> f64 {
+    if !measure {
+        for (c, &x) in out.iter_mut().zip(ws) {
+            *c = round_code(position(x));
+        }
+        return 0.0;
+    }
     let mut e = 0.0f64;
     for (c, &x) in out.iter_mut().zip(ws) {
-        let q = position(x).round_ties_even().clamp(0.0, 15.0) as u8;
+        let q = round_code(position(x));
         *c = q;
         let d = dequantize(q, scale, zero) - x;
         e += f64::from(d) * f64::from(d);
     }
     e
+}
+
+/// `x` clamped to `0..=15` and rounded to the nearest integer, ties to even: the same value as
+/// `x.clamp(0.0, 15.0).round_ties_even() as u8` (clamping to integer bounds commutes with rounding), but
+/// by adding and subtracting 1.5·2²³, which rounds in the FPU's default mode (nearest, ties to even) with
+/// plain SSE2 instead of a call to `rintf` on CPUs where the baseline target lacks `roundss`.
+#[inline]
+fn round_code(x: f32) -> u8 {
+    const MAGIC: f32 = 12_582_912.0;
+    let c = x.clamp(0.0, 15.0);
+    ((c + MAGIC) - MAGIC) as u8
 }
 
 fn min_max(ws: &[f32]) -> (f32, f32) {
@@ -279,4 +312,24 @@ fn check_input(w: &[f32], n: usize, k: usize) -> Result<()> {
         return err(LayoutErrorKind::NonFiniteWeight { n: i / k, k: i % k });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod round_code_tests {
+    use super::round_code;
+
+    /// The add-and-subtract rounding equals `round_ties_even` on every half-step in and around the code
+    /// range, on values just beside each tie, and on extremes.
+    #[test]
+    fn round_code_matches_round_ties_even() {
+        let mut xs: Vec<f32> = (-80..=200).map(|i| i as f32 * 0.25).collect();
+        for t in -4..=40 {
+            let tie = t as f32 * 0.5;
+            xs.extend([f32::from_bits(tie.to_bits() - 1), f32::from_bits(tie.to_bits() + 1)]);
+        }
+        xs.extend([f32::MAX, f32::MIN, 1e-30, -1e-30, 0.0, -0.0, 7.499_999_5, 8.500_001]);
+        for x in xs {
+            assert_eq!(round_code(x), x.clamp(0.0, 15.0).round_ties_even() as u8, "{x:e}");
+        }
+    }
 }

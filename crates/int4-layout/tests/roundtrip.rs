@@ -78,3 +78,24 @@ proptest! {
         prop_assert_eq!(gptq::unpack_awq_qweight(&awq, k, n).unwrap(), codes);
     }
 }
+
+/// Parameters survive the artifact byte form bit for bit (negative zero and subnormals included), and a
+/// wrong length or a non-finite value is refused.
+#[test]
+fn group_params_round_trip_through_bytes() {
+    use int4_layout::{GroupParams, GroupSize};
+    let (n, k) = (48, 200);
+    let g = GroupSize::G64.groups(k);
+    let scale: Vec<f32> = (0..n * g).map(|i| if i == 3 { f32::MIN_POSITIVE / 4.0 } else { i as f32 * 0.37 }).collect();
+    let zero: Vec<f32> = (0..n * g).map(|i| if i == 5 { -0.0 } else { -(i as f32) * 1.5 }).collect();
+    let p = GroupParams::new(n, k, GroupSize::G64, scale, zero).unwrap();
+    let bytes = p.to_le_bytes();
+    let back = GroupParams::from_le_bytes(n, k, GroupSize::G64, &bytes).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(back.scales()), bits(p.scales()));
+    assert_eq!(bits(back.zeros()), bits(p.zeros()));
+    assert!(GroupParams::from_le_bytes(n, k, GroupSize::G64, &bytes[..bytes.len() - 4]).is_err());
+    let mut nan = bytes.clone();
+    nan[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    assert!(GroupParams::from_le_bytes(n, k, GroupSize::G64, &nan).is_err());
+}

@@ -10,10 +10,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use int4_kernels::isa::IsaLevel;
+use int4_cache::config::normalize;
+use int4_cache::{Artifact, ArtifactKey, ArtifactStore, MappedArtifact, SourceIdentity};
+use int4_kernels::bytes::SharedBytes;
+use int4_kernels::isa::{Feature, IsaLevel};
 use int4_kernels::w4a16::W4A16Config;
 use int4_layout::GroupSize;
 use int4_layout::tinygemm::TinygemmBlock;
@@ -55,6 +60,8 @@ pub struct LoadOptions {
     pub context: usize,
     /// The most bytes the KV cache may take.
     pub max_kv_bytes: usize,
+    /// Where packed weights are cached (`None`: pack in memory on every load, write nothing).
+    pub cache: Option<ArtifactStore>,
 }
 
 impl Default for LoadOptions {
@@ -65,8 +72,24 @@ impl Default for LoadOptions {
             group_size: GroupSize::G128,
             context: 2048,
             max_kv_bytes: 4 << 30,
+            cache: Some(ArtifactStore::from_env()),
         }
     }
+}
+
+/// Where a load's packed weights came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PackedFrom {
+    /// Unquantized numerics: nothing is packed.
+    NotPacked,
+    /// Packed in this process; the cache was turned off.
+    Uncached,
+    /// Mapped from an artifact already in the cache (a warm load).
+    Cache(PathBuf),
+    /// Packed in this process and written to the cache (a cold load).
+    Built(PathBuf),
+    /// Packed in this process; the cache could not be written (see the load's warnings).
+    InMemory,
 }
 
 /// Why generation stopped.
@@ -108,6 +131,10 @@ pub struct Engine {
     pub load_time: Duration,
     /// The model directory.
     pub dir: PathBuf,
+    /// Where the packed weights came from.
+    pub packed_from: PackedFrom,
+    /// What the load wants the user to know (a rebuilt or uncacheable artifact, unknown config keys).
+    pub warnings: Vec<String>,
     context: usize,
     max_kv_bytes: usize,
 }
@@ -131,7 +158,38 @@ impl Engine {
         }
         let (numerics, plan) = numerics_for(opts)?;
         let ckpt = Checkpoint::open(dir)?;
-        let model = Model::load(cfg, &ckpt, numerics)?;
+        let mut warnings = Vec::new();
+        let (model, packed_from) = match (&plan, &opts.cache) {
+            (Some(plan), Some(store)) if numerics.is_packed() => {
+                let key = artifact_key(plan, opts.group_size, &ckpt, store)?;
+                let mut built = false;
+                let (artifact, w) = store.get_or_build(&key, || {
+                    built = true;
+                    Model::pack(&cfg, &ckpt, numerics)
+                })?;
+                warnings.extend(w);
+                let (source, from) = match artifact {
+                    Artifact::Mapped(m) => {
+                        let path = m.path().to_path_buf();
+                        if is_default_model(dir)
+                            && let Err(e) = store.pin(&key)
+                        {
+                            warnings.push(format!("could not pin the default model's artifact: {e}"));
+                        }
+                        (Sections::mapped(m), if built { PackedFrom::Built(path) } else { PackedFrom::Cache(path) })
+                    }
+                    Artifact::InMemory { sections, .. } => (Sections::owned(sections), PackedFrom::InMemory),
+                };
+                (Model::load(cfg, &ckpt, numerics, Some(&|name: &str| source.get(name)))?, from)
+            }
+            _ => {
+                let from = if numerics.is_packed() { PackedFrom::Uncached } else { PackedFrom::NotPacked };
+                (Model::load(cfg, &ckpt, numerics, None)?, from)
+            }
+        };
+        if numerics.is_packed() {
+            release_freed_memory();
+        }
         let text = TextCodec::load(dir)?;
         Ok(Engine {
             model,
@@ -139,6 +197,8 @@ impl Engine {
             plan,
             load_time: t.elapsed(),
             dir: dir.to_path_buf(),
+            packed_from,
+            warnings,
             context: opts.context,
             max_kv_bytes: opts.max_kv_bytes,
         })
@@ -215,6 +275,82 @@ impl Engine {
         };
         Ok(Generation { tokens, prefill, decode: t.elapsed(), stop, first_logits })
     }
+}
+
+/// An artifact's sections, by name: slices of one shared mapping (which lives as long as any slice), or
+/// buffers packed in this process.
+struct Sections {
+    index: HashMap<String, SharedBytes>,
+}
+
+impl Sections {
+    fn mapped(m: MappedArtifact) -> Self {
+        let names: Vec<String> = m.header().sections.iter().map(|s| s.name.clone()).collect();
+        let owner = Arc::new(m);
+        let shared: Arc<dyn AsRef<[u8]> + Send + Sync> = owner.clone();
+        let index = names
+            .into_iter()
+            .filter_map(|n| {
+                let range = owner.section_range(&n)?;
+                SharedBytes::slice_of(shared.clone(), range).ok().map(|b| (n, b))
+            })
+            .collect();
+        Sections { index }
+    }
+
+    fn owned(sections: Vec<(String, Vec<u8>)>) -> Self {
+        Sections { index: sections.into_iter().map(|(n, b)| (n, b.into())).collect() }
+    }
+
+    fn get(&self, name: &str) -> Option<SharedBytes> {
+        self.index.get(name).cloned()
+    }
+}
+
+/// Returns the heap's free pages to the OS after packing (a cold or uncached load): packing allocates and frees many large
+/// buffers (each layer's f32 weights, the sections before they are written and mapped), and glibc keeps
+/// such memory in the process unless asked, which left a cold start holding about three times the
+/// anonymous memory of a warm one.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap memory to the kernel; it takes no pointers and changes
+    // no live allocation. glibc serialises it with every other allocator call.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Whether `dir` is the converted default model (whose artifact is pinned against eviction).
+fn is_default_model(dir: &Path) -> bool {
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    crate::convert::default_model_dir().is_some_and(|d| canon(&d).is_some() && canon(&d) == canon(dir))
+}
+
+/// The key of the artifact a load-time quantization of `ckpt` on `plan` produces: the quantization it
+/// stands for (as a `cpu_int4` config), the plan, the CPU features its kernels need, and the content hash
+/// of the checkpoint's tensor files (re-hashed only when a file's size or mtime changes).
+fn artifact_key(plan: &Plan, group: GroupSize, ckpt: &Checkpoint, store: &ArtifactStore) -> Result<ArtifactKey> {
+    let config = serde_json::json!({
+        "quant_method": "cpu_int4",
+        "group_size": group.to_checkpoint(),
+        "direct_dequant": plan.direct_dequant,
+        "dequant_threshold": plan.dequant_threshold,
+    });
+    let quantization = normalize(Some(&config)).map_err(|e| Error::new("quantization", e.to_string()))?;
+    let level = plan.decode.isa.max(plan.prefill.isa);
+    let features = Feature::ALL
+        .into_iter()
+        .filter(|f| match f {
+            Feature::Avx2 | Feature::Fma => level >= IsaLevel::Avx2,
+            _ => level >= IsaLevel::Avx512,
+        })
+        .map(|f| f.name().to_string())
+        .collect();
+    let index = store.dir().join("sources.json");
+    let _ = std::fs::create_dir_all(store.dir());
+    let source =
+        SourceIdentity::of_files(&ckpt.files(), Some(&index)).map_err(|e| Error::new("checkpoint", e.to_string()))?;
+    Ok(ArtifactKey::new(quantization, plan, features, source))
 }
 
 /// The numerics for a load: the policy's plan for the 4-bit paths, or the dense ones.

@@ -1,13 +1,14 @@
 //! A linear layer on whichever kernel the plan chose, with the kernel it runs per phase on record.
 
 use int4_kernels::KernelId;
+use int4_kernels::bytes::SharedBytes;
 use int4_kernels::dense::{DenseLinear, DenseWeights};
 use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::portable::Wna16Linear;
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
-use int4_layout::tinygemm::TinygemmBlock;
-use int4_layout::{GroupParams, GroupSize};
+use int4_layout::tinygemm::{self, TinygemmBlock, TinygemmMatrix};
+use int4_layout::{GroupParams, GroupSize, halves, rowmajor};
 
 use crate::error::{Error, Result};
 
@@ -57,6 +58,21 @@ impl std::fmt::Debug for Linear {
     }
 }
 
+/// Where a packed layer's sections come from: a memory-mapped artifact, or bytes packed in this process.
+pub type SectionSource<'a> = &'a dyn Fn(&str) -> Option<SharedBytes>;
+
+impl Numerics {
+    /// Whether the weights are quantized and packed (and so worth an artifact in the cache).
+    pub fn is_packed(self) -> bool {
+        matches!(self, Numerics::W4a16 { .. } | Numerics::Wna16 { .. })
+    }
+}
+
+/// An artifact section's name: the layer's name and the part.
+fn section(name: &str, part: &str) -> String {
+    format!("{name}.{part}")
+}
+
 impl Linear {
     /// Builds the layer from f32 weights `[n][k]` by `numerics`. `name` is used in errors.
     pub fn build(
@@ -68,33 +84,93 @@ impl Linear {
         numerics: Numerics,
     ) -> Result<Self> {
         let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
-        let caps = IsaCaps::process();
-        let (imp, n_padded) = match numerics {
-            Numerics::F32 => (Imp::Dense(DenseLinear::new(n, k, DenseWeights::F32(w), bias).map_err(|e| err(&e))?), n),
+        let imp = match numerics {
+            Numerics::F32 => Imp::Dense(DenseLinear::new(n, k, DenseWeights::F32(w), bias).map_err(|e| err(&e))?),
             Numerics::Bf16 => {
                 let wb = w.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                (Imp::Dense(DenseLinear::new(n, k, DenseWeights::Bf16(wb), bias).map_err(|e| err(&e))?), n)
+                Imp::Dense(DenseLinear::new(n, k, DenseWeights::Bf16(wb), bias).map_err(|e| err(&e))?)
             }
-            Numerics::W4a16 { block, group, config, level } => {
+            Numerics::W4a16 { .. } | Numerics::Wna16 { .. } => {
+                let mut sections: Vec<(String, SharedBytes)> =
+                    Self::pack(name, w, n, k, numerics)?.into_iter().map(|(s, b)| (s, b.into())).collect();
+                let get = |s: &str| sections.iter().position(|(n, _)| n == s).map(|i| sections[i].1.clone());
+                let layer = Self::from_sections(name, n, k, bias, numerics, &get)?;
+                sections.clear();
+                return Ok(layer);
+            }
+        };
+        Ok(Linear { n, k, n_padded: n, imp })
+    }
+
+    /// Quantizes `w` (`[n][k]`, round to nearest on the asymmetric grid) and packs it for `numerics`: the
+    /// named byte sections an artifact stores for this layer. Empty for the unquantized numerics.
+    pub fn pack(name: &str, w: Vec<f32>, n: usize, k: usize, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
+        let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
+        match numerics {
+            Numerics::F32 | Numerics::Bf16 => Ok(Vec::new()),
+            Numerics::W4a16 { block, group, config, .. } => {
                 let q =
                     quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
                 drop(w);
                 let (codes, params) = (q.codes.padded_n(16), q.params.padded_n(16));
-                let np = codes.n();
-                let bias = bias.map(|mut b| {
-                    b.resize(np, 0.0);
-                    b
-                });
-                let weights = W4A16Weights::new(&codes, params, block, config.direct_dequant).map_err(|e| err(&e))?;
-                (Imp::W4a16(W4A16Linear::forced(weights, bias, config, level, caps).map_err(|e| err(&e))?), np)
+                let mut out = vec![
+                    (section(name, "tinygemm"), tinygemm::pack(&codes, block).map_err(|e| err(&e))?),
+                    (section(name, "params"), params.to_le_bytes()),
+                ];
+                if !config.direct_dequant {
+                    out.push((section(name, "halves"), halves::pack(&codes).map_err(|e| err(&e))?));
+                }
+                Ok(out)
             }
             Numerics::Wna16 { group } => {
                 let q =
                     quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
-                (Imp::Wna16(Wna16Linear::from_codes(&q.codes, q.params, bias).map_err(|e| err(&e))?), n)
+                Ok(vec![
+                    (section(name, "rowmajor"), rowmajor::pack(&q.codes).map_err(|e| err(&e))?),
+                    (section(name, "params"), q.params.to_le_bytes()),
+                ])
             }
+        }
+    }
+
+    /// Builds a packed layer from the sections [`Linear::pack`] made, read in place (`get` returns each
+    /// section's bytes, for example from a memory-mapped artifact). Every length is checked.
+    pub fn from_sections(
+        name: &str,
+        n: usize,
+        k: usize,
+        bias: Option<Vec<f32>>,
+        numerics: Numerics,
+        get: SectionSource,
+    ) -> Result<Self> {
+        let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
+        let need = |part: &str| {
+            get(&section(name, part)).ok_or_else(|| Error::new(name, format!("the artifact has no section \"{part}\"")))
         };
-        Ok(Linear { n, k, n_padded, imp })
+        let caps = IsaCaps::process();
+        match numerics {
+            Numerics::F32 | Numerics::Bf16 => {
+                Err(Error::new(name, "unquantized layers are built from the checkpoint, not from packed sections"))
+            }
+            Numerics::W4a16 { block, group, config, level } => {
+                let np = n.next_multiple_of(16);
+                let params = GroupParams::from_le_bytes(np, k, group, &need("params")?).map_err(|e| err(&e))?;
+                let halves = if config.direct_dequant { None } else { Some(need("halves")?) };
+                let weights =
+                    W4A16Weights::from_packed(need("tinygemm")?, params, block, halves).map_err(|e| err(&e))?;
+                let bias = bias.map(|mut b| {
+                    b.resize(np, 0.0);
+                    b
+                });
+                let imp = Imp::W4a16(W4A16Linear::forced(weights, bias, config, level, caps).map_err(|e| err(&e))?);
+                Ok(Linear { n, k, n_padded: np, imp })
+            }
+            Numerics::Wna16 { group } => {
+                let params = GroupParams::from_le_bytes(n, k, group, &need("params")?).map_err(|e| err(&e))?;
+                let imp = Imp::Wna16(Wna16Linear::new(need("rowmajor")?, params, bias).map_err(|e| err(&e))?);
+                Ok(Linear { n, k, n_padded: n, imp })
+            }
+        }
     }
 
     /// Output width.
@@ -122,6 +198,30 @@ impl Linear {
             Imp::W4a16(l) => Some((l.weights(), l.weights().params())),
             _ => None,
         }
+    }
+
+    /// Decodes row `row` of the weights (an output channel, `k` values) into `out`, when the layer is
+    /// packed: how a tied 4-bit head serves the embedding lookup without a second copy of the table.
+    pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Option<Result<()>> {
+        let res = match &self.imp {
+            Imp::Dense(_) => return None,
+            Imp::W4a16(l) => {
+                let w = l.weights();
+                TinygemmMatrix::new(w.packed(), w.n(), w.k(), w.block())
+                    .and_then(|m| m.decode_row(w.params(), row, 0..self.k, out))
+                    .map_err(|e| Error::new("embedding", e.to_string()))
+            }
+            Imp::Wna16(l) => {
+                let bytes = &l.row_major()[row * self.k / 2..(row + 1) * self.k / 2];
+                let mut codes = vec![0u8; self.k];
+                rowmajor::unpack_row_into(bytes, &mut codes);
+                for (kk, (o, &q)) in out.iter_mut().zip(&codes).enumerate() {
+                    *o = l.params().weight(row, kk, q);
+                }
+                Ok(())
+            }
+        };
+        Some(res)
     }
 
     /// Bytes of weights this layer holds.

@@ -6,12 +6,11 @@
 //! the head's packed layout, so no second copy of the table exists.
 
 use int4_kernels::KernelId;
-use int4_layout::tinygemm::TinygemmMatrix;
 use rayon::prelude::*;
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
-use crate::linear::{Linear, Numerics};
+use crate::linear::{Linear, Numerics, SectionSource};
 use crate::weights::Checkpoint;
 
 struct Layer {
@@ -97,14 +96,6 @@ impl KvCache {
     }
 }
 
-/// `w` after a round trip through the 4-bit grid the fallback path uses.
-fn quantize_dequantize(w: &[f32], n: usize, k: usize, group: int4_layout::GroupSize) -> Result<Vec<f32>> {
-    use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
-    let q = quantize_asymmetric(w, n, k, group, ScaleSearch::Off, ParamPrecision::F32)
-        .map_err(|e| Error::new("embedding", e.to_string()))?;
-    Ok((0..n * k).map(|i| q.params.weight(i / k, i % k, q.codes.get(i / k, i % k))).collect())
-}
-
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let ms: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     let r = 1.0 / (ms + eps).sqrt();
@@ -113,78 +104,129 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// One linear layer of the model: its name (also its artifact sections' prefix), its shape, and the
+/// checkpoint tensors stacked, in order, to make its weights and bias.
+#[derive(Clone, Debug)]
+pub struct LinearSpec {
+    /// `model.layers.{i}.self_attn.qkv`, …, `lm_head`.
+    pub name: String,
+    /// Output channels.
+    pub n: usize,
+    /// Input channels.
+    pub k: usize,
+    parts: Vec<(String, usize)>,
+    bias: Option<Vec<(String, usize)>>,
+}
+
+impl LinearSpec {
+    /// The weights `[n][k]` as f32, from the checkpoint.
+    pub fn weights(&self, ckpt: &Checkpoint) -> Result<Vec<f32>> {
+        let mut w = Vec::with_capacity(self.n * self.k);
+        for (tensor, rows) in &self.parts {
+            w.extend(ckpt.f32(tensor, &[*rows, self.k])?);
+        }
+        Ok(w)
+    }
+
+    /// The bias, if the architecture has one here.
+    pub fn bias(&self, ckpt: &Checkpoint) -> Result<Option<Vec<f32>>> {
+        let Some(parts) = &self.bias else { return Ok(None) };
+        let mut b = Vec::with_capacity(self.n);
+        for (tensor, rows) in parts {
+            b.extend(ckpt.f32(tensor, &[*rows])?);
+        }
+        Ok(Some(b))
+    }
+}
+
+/// Whether the head shares the embedding's weights.
+fn head_is_tied(cfg: &ModelConfig, ckpt: &Checkpoint) -> bool {
+    cfg.tie_word_embeddings || !ckpt.has("lm_head.weight")
+}
+
+/// Every linear layer of the model, in a fixed order: per decoder layer qkv (fused), o_proj, gate_up
+/// (fused), down; then the head.
+pub fn linear_specs(cfg: &ModelConfig, ckpt: &Checkpoint) -> Vec<LinearSpec> {
+    let (h, hd, nh, nkv, inter) =
+        (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size);
+    let spec = |name: String, n, k, parts: Vec<(String, usize)>, bias| LinearSpec { name, n, k, parts, bias };
+    let mut out = Vec::with_capacity(4 * cfg.num_layers + 1);
+    for i in 0..cfg.num_layers {
+        let p = format!("model.layers.{i}");
+        let attn = |t: &str, suffix: &str, rows: usize| (format!("{p}.self_attn.{t}_proj.{suffix}"), rows);
+        let qkv =
+            |suffix: &str| vec![attn("q", suffix, nh * hd), attn("k", suffix, nkv * hd), attn("v", suffix, nkv * hd)];
+        let qkv_bias = (cfg.arch == Architecture::Qwen2).then(|| qkv("bias"));
+        out.push(spec(format!("{p}.self_attn.qkv"), (nh + 2 * nkv) * hd, h, qkv("weight"), qkv_bias));
+        out.push(spec(format!("{p}.self_attn.o_proj"), h, nh * hd, vec![attn("o", "weight", h)], None));
+        let mlp = |t: &str, rows: usize| (format!("{p}.mlp.{t}_proj.weight"), rows);
+        out.push(spec(format!("{p}.mlp.gate_up"), 2 * inter, h, vec![mlp("gate", inter), mlp("up", inter)], None));
+        out.push(spec(format!("{p}.mlp.down_proj"), h, inter, vec![mlp("down", h)], None));
+    }
+    let head = if head_is_tied(cfg, ckpt) { "model.embed_tokens.weight" } else { "lm_head.weight" };
+    out.push(spec("lm_head".into(), cfg.vocab_size, h, vec![(head.into(), cfg.vocab_size)], None));
+    out
+}
+
 impl Model {
-    /// Loads the checkpoint's weights into layers run by `numerics`.
-    pub fn load(cfg: ModelConfig, ckpt: &Checkpoint, numerics: Numerics) -> Result<Self> {
-        let (h, hd, nh, nkv, inter) =
-            (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size);
-        let qkv_n = (nh + 2 * nkv) * hd;
+    /// Quantizes and packs every linear layer for `numerics`: the sections of the model's artifact.
+    pub fn pack(cfg: &ModelConfig, ckpt: &Checkpoint, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
+        // Layers in parallel, each task holding one layer's f32 weights while it quantizes them.
+        let packed: Vec<Vec<(String, Vec<u8>)>> = linear_specs(cfg, ckpt)
+            .par_iter()
+            .map(|spec| Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics))
+            .collect::<Result<_>>()?;
+        Ok(packed.into_iter().flatten().collect())
+    }
+
+    /// Loads the checkpoint's weights into layers run by `numerics`. For packed numerics, `packed` gives
+    /// the sections [`Model::pack`] made (from the artifact cache, read in place); without it each layer
+    /// is quantized and packed here.
+    pub fn load(
+        cfg: ModelConfig,
+        ckpt: &Checkpoint,
+        numerics: Numerics,
+        packed: Option<SectionSource>,
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let linear = |spec: &LinearSpec| -> Result<Linear> {
+            let bias = spec.bias(ckpt)?;
+            match packed {
+                Some(get) if numerics.is_packed() => {
+                    Linear::from_sections(&spec.name, spec.n, spec.k, bias, numerics, get)
+                }
+                _ => Linear::build(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, bias, numerics),
+            }
+        };
+        let specs = linear_specs(&cfg, ckpt);
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
+        for (i, s) in specs.chunks_exact(4).enumerate() {
             let p = format!("model.layers.{i}");
-            let mut qkv = ckpt.f32(&format!("{p}.self_attn.q_proj.weight"), &[nh * hd, h])?;
-            qkv.extend(ckpt.f32(&format!("{p}.self_attn.k_proj.weight"), &[nkv * hd, h])?);
-            qkv.extend(ckpt.f32(&format!("{p}.self_attn.v_proj.weight"), &[nkv * hd, h])?);
-            let qkv_bias = if cfg.arch == Architecture::Qwen2 {
-                let mut b = ckpt.f32(&format!("{p}.self_attn.q_proj.bias"), &[nh * hd])?;
-                b.extend(ckpt.f32(&format!("{p}.self_attn.k_proj.bias"), &[nkv * hd])?);
-                b.extend(ckpt.f32(&format!("{p}.self_attn.v_proj.bias"), &[nkv * hd])?);
-                Some(b)
-            } else {
-                None
-            };
             let (q_norm, k_norm) = if cfg.arch == Architecture::Qwen3 {
                 (
-                    Some(ckpt.f32(&format!("{p}.self_attn.q_norm.weight"), &[hd])?),
-                    Some(ckpt.f32(&format!("{p}.self_attn.k_norm.weight"), &[hd])?),
+                    Some(ckpt.f32(&format!("{p}.self_attn.q_norm.weight"), &[cfg.head_dim])?),
+                    Some(ckpt.f32(&format!("{p}.self_attn.k_norm.weight"), &[cfg.head_dim])?),
                 )
             } else {
                 (None, None)
             };
-            let mut gate_up = ckpt.f32(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-            gate_up.extend(ckpt.f32(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?);
             layers.push(Layer {
                 attn_norm: ckpt.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
-                qkv: Linear::build(&format!("{p}.self_attn.qkv"), qkv, qkv_n, h, qkv_bias, numerics)?,
+                qkv: linear(&s[0])?,
                 q_norm,
                 k_norm,
-                o: Linear::build(
-                    &format!("{p}.self_attn.o_proj"),
-                    ckpt.f32(&format!("{p}.self_attn.o_proj.weight"), &[h, nh * hd])?,
-                    h,
-                    nh * hd,
-                    None,
-                    numerics,
-                )?,
+                o: linear(&s[1])?,
                 mlp_norm: ckpt.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_up: Linear::build(&format!("{p}.mlp.gate_up"), gate_up, 2 * inter, h, None, numerics)?,
-                down: Linear::build(
-                    &format!("{p}.mlp.down_proj"),
-                    ckpt.f32(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
-                    h,
-                    inter,
-                    None,
-                    numerics,
-                )?,
+                gate_up: linear(&s[2])?,
+                down: linear(&s[3])?,
             });
         }
-        let embed_w = ckpt.f32("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
-        let tied = cfg.tie_word_embeddings || !ckpt.has("lm_head.weight");
-        let (head, embed) = if tied {
-            let head = Linear::build("lm_head (tied)", embed_w.clone(), cfg.vocab_size, h, None, numerics)?;
-            if head.w4a16().is_some() {
-                drop(embed_w);
-                (head, Embedding::FromHead)
-            } else if let Numerics::Wna16 { group } = numerics {
-                // The fallback keeps no tinygemm layout to read rows from: look up the same 4-bit weights the
-                // head uses, dequantized, so embedding and head stay tied.
-                (head, Embedding::Dense(quantize_dequantize(&embed_w, cfg.vocab_size, h, group)?))
-            } else {
-                (head, Embedding::Dense(embed_w))
-            }
+        let head = linear(specs.last().expect("the head is always listed"))?;
+        // A tied packed head serves the embedding lookup from its own rows: no second copy of the table.
+        let embed = if head_is_tied(&cfg, ckpt) && numerics.is_packed() {
+            Embedding::FromHead
         } else {
-            let hw = ckpt.f32("lm_head.weight", &[cfg.vocab_size, h])?;
-            (Linear::build("lm_head", hw, cfg.vocab_size, h, None, numerics)?, Embedding::Dense(embed_w))
+            Embedding::Dense(ckpt.f32("model.embed_tokens.weight", &[cfg.vocab_size, h])?)
         };
         Ok(Model {
             norm: ckpt.f32("model.norm.weight", &[h])?,
@@ -270,10 +312,7 @@ impl Model {
         match &self.embed {
             Embedding::Dense(table) => out.copy_from_slice(&table[t * h..(t + 1) * h]),
             Embedding::FromHead => {
-                let (w, params) = self.head.w4a16().expect("FromHead is only built over a W4A16 head");
-                let m = TinygemmMatrix::new(w.packed(), w.n(), w.k(), w.block())
-                    .map_err(|e| Error::new("embedding", e.to_string()))?;
-                m.decode_row(params, t, 0..h, out).map_err(|e| Error::new("embedding", e.to_string()))?;
+                self.head.decode_row(t, out).expect("FromHead is only built over a packed head")?;
             }
         }
         Ok(())

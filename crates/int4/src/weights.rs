@@ -87,6 +87,11 @@ impl Checkpoint {
         Ok(Checkpoint { shards, entries })
     }
 
+    /// The safetensors files, in the order they were opened.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.shards.iter().map(|s| s.path.clone()).collect()
+    }
+
     /// Whether the checkpoint has a tensor.
     pub fn has(&self, name: &str) -> bool {
         self.entries.contains_key(name)

@@ -1,0 +1,90 @@
+//! Weight bytes a layer reads without owning them outright.
+//!
+//! A packed layer's bytes come either from packing in this process (a `Vec<u8>`) or from a memory-mapped
+//! artifact in the cache, where copying them out would double the memory a warm start costs and defeat
+//! the point of mapping. [`SharedBytes`] is a range of any immutable buffer kept alive by an `Arc`, so a
+//! layer holds its slice of one mapping that all layers share, zero-copy.
+
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+use crate::error::{KernelError, KernelErrorKind};
+
+/// An immutable byte range of a shared buffer (an owned `Vec<u8>`, or a memory-mapped file).
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl SharedBytes {
+    /// `range` of `owner`'s bytes, or an error if the range does not lie within them.
+    pub fn slice_of(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Result<Self, KernelError> {
+        let len = (*owner).as_ref().len();
+        if range.start > range.end || range.end > len {
+            return Err(KernelError::new(KernelErrorKind::Layout(format!(
+                "byte range {}..{} lies outside a buffer of {len} bytes",
+                range.start, range.end
+            ))));
+        }
+        Ok(SharedBytes { owner, range })
+    }
+
+    /// Whether these bytes live in a buffer shared with others (a mapping) rather than one of their own.
+    pub fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.owner) > 1 || self.range.len() != (*self.owner).as_ref().len()
+    }
+}
+
+impl From<Vec<u8>> for SharedBytes {
+    fn from(v: Vec<u8>) -> Self {
+        let range = 0..v.len();
+        SharedBytes { owner: Arc::new(v), range }
+    }
+}
+
+impl Deref for SharedBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBytes").field("range", &self.range).finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for SharedBytes {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slice_reads_its_range_and_refuses_one_outside_the_buffer() {
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new((0u8..100).collect::<Vec<u8>>());
+        let s = SharedBytes::slice_of(owner.clone(), 10..20).unwrap();
+        assert_eq!(&*s, &(10u8..20).collect::<Vec<u8>>()[..]);
+        assert!(s.is_shared());
+        assert!(SharedBytes::slice_of(owner.clone(), 90..101).is_err());
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = 20..10;
+        assert!(SharedBytes::slice_of(owner, backwards).is_err());
+        let own = SharedBytes::from(vec![1u8, 2, 3]);
+        assert!(!own.is_shared());
+        assert_eq!(&*own, &[1, 2, 3]);
+    }
+}

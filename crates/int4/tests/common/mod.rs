@@ -1,0 +1,83 @@
+//! The tiny random Llama checkpoint the runtime tests share: written by the test into a temporary
+//! directory, with a word-level tokenizer so the whole engine (not only the model) can load it.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use safetensors::tensor::{Dtype, TensorView};
+
+/// A small xorshift generator with Box–Muller normals.
+pub struct Rng(pub u64);
+impl Rng {
+    /// A standard normal sample.
+    pub fn normal(&mut self) -> f32 {
+        let mut u = || {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            ((self.0 >> 11) as f64 / (1u64 << 53) as f64).max(1e-12)
+        };
+        let (a, b) = (u(), u());
+        ((-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()) as f32
+    }
+}
+
+/// The tiny model's `config.json`.
+pub const CONFIG: &str = r#"{
+  "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 160,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+  "rope_theta": 10000.0, "max_position_embeddings": 256, "vocab_size": 96, "tie_word_embeddings": true,
+  "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"
+}"#;
+
+/// Writes a tiny random checkpoint and returns its directory.
+pub fn tiny_model(name: &str) -> PathBuf {
+    tiny_model_with(name, |_, w| w)
+}
+
+/// The same, with `edit(name, values)` applied to every 2-D weight.
+pub fn tiny_model_with(name: &str, edit: impl Fn(&str, Vec<f32>) -> Vec<f32>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("int4-tiny-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), CONFIG).unwrap();
+    let (h, inter, hd, nh, nkv, vocab) = (64usize, 160usize, 16usize, 4usize, 2usize, 96usize);
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
+        let n: usize = shape.iter().product();
+        let mut values: Vec<f32> = (0..n).map(|_| offset + scale * rng.normal()).collect();
+        if shape.len() == 2 {
+            values = edit(&name, values);
+        }
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        tensors.push((name, shape, data));
+    };
+    add("model.embed_tokens.weight".into(), vec![vocab, h], 0.5, 0.0, &mut rng);
+    add("model.norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        add(format!("{p}.input_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
+        add(format!("{p}.post_attention_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
+        add(format!("{p}.self_attn.q_proj.weight"), vec![nh * hd, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.self_attn.k_proj.weight"), vec![nkv * hd, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.self_attn.v_proj.weight"), vec![nkv * hd, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.self_attn.o_proj.weight"), vec![h, nh * hd], 0.15, 0.0, &mut rng);
+        add(format!("{p}.mlp.gate_proj.weight"), vec![inter, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.mlp.up_proj.weight"), vec![inter, h], 0.15, 0.0, &mut rng);
+        add(format!("{p}.mlp.down_proj.weight"), vec![h, inter], 0.1, 0.0, &mut rng);
+    }
+    let views: HashMap<String, TensorView<'_>> =
+        tensors.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(&views, None, &dir.join("model.safetensors")).unwrap();
+    // A word-level tokenizer over the 96 ids: "w0" … "w95", split on whitespace.
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..vocab).map(|i| (format!("w{i}"), i.into())).collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    dir
+}
