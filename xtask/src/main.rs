@@ -115,8 +115,8 @@ fn report_skips(path: &Path) -> Result<()> {
 }
 
 /// The benchmarks: the kernel table (W4A16 and dense kernels beside the machine's measured bandwidth and
-/// FMA ceilings) and tokens per second on the default model per path, written to `target/bench/*.json`
-/// as well as printed.
+/// FMA ceilings), tokens per second on the default model per path, and its load time and memory cold,
+/// warm and uncached, written to `target/bench/*.json` as well as printed.
 fn bench(quick: bool) -> Result<()> {
     let mut args = vec!["run", "--release", "-p", "int4-benches", "--bin", "kernel-table", "--"];
     if quick {
@@ -131,7 +131,11 @@ fn bench(quick: bool) -> Result<()> {
         args.push("--quick");
     }
     args.extend(["--json", "target/bench/model.json"]);
-    run("cargo", &args, &[])
+    run("cargo", &args, &[])?;
+    // Load time and memory through the artifact cache: cold, warm and uncached, each in a fresh process.
+    let rounds = if quick { "1" } else { "3" };
+    let args = ["run", "--release", "-p", "int4-benches", "--bin", "load-bench", "--", "--rounds", rounds];
+    run("cargo", &[&args[..], &["--json", "target/bench/load.json"]].concat(), &[])
 }
 
 fn run(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {

@@ -16,8 +16,9 @@ use crate::error::CacheError;
 /// Version of the key encoding itself.
 pub const KEY_FORMAT_VERSION: u32 = 1;
 
-/// Version of the packed layouts an artifact holds (bumped whenever any layout's bytes change).
-pub const LAYOUT_FORMAT_VERSION: u32 = 1;
+/// Version of the packed layouts an artifact holds (bumped whenever any layout's bytes or the set of
+/// sections change). 2: W4A16 layers store their parameters in lane order (`lane_params`), read in place.
+pub const LAYOUT_FORMAT_VERSION: u32 = 2;
 
 /// One source file's identity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

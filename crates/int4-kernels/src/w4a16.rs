@@ -94,8 +94,27 @@ pub fn lane_groups(block: TinygemmBlock, n: usize, k: usize) -> Vec<LaneGroup> {
     out
 }
 
+/// Scales and zeros in lane order: owned, or little-endian f32 bytes read in place (a mapped artifact).
+#[derive(Clone, Debug)]
+enum LaneParams {
+    Owned(Vec<f32>),
+    /// Checked at construction to be 4-byte aligned and a whole number of f32, on a little-endian host.
+    Mapped(SharedBytes),
+}
+
+impl LaneParams {
+    fn as_slice(&self) -> &[f32] {
+        match self {
+            LaneParams::Owned(v) => v,
+            LaneParams::Mapped(b) => bytemuck::cast_slice(b),
+        }
+    }
+}
+
 /// A W4A16 layer's weights: the tinygemm bytes, their parameters arranged per lane group, and (only with
-/// `direct_dequant: false`) the split-halves planes.
+/// `direct_dequant: false`) the split-halves planes. Only the lane-ordered parameters are kept (the
+/// canonical `[N][G]` arrangement would double their memory); [`W4A16Weights::scale_zero`] and
+/// [`W4A16Weights::params`] read them back per channel.
 #[derive(Clone, Debug)]
 pub struct W4A16Weights {
     n: usize,
@@ -104,10 +123,11 @@ pub struct W4A16Weights {
     block: TinygemmBlock,
     packed: SharedBytes,
     /// Per lane group, per group: `[s_lo 8][s_hi 8][z_lo 8][z_hi 8]` in lane order.
-    lane_params: Vec<f32>,
+    lane_params: LaneParams,
     lanes: Vec<LaneGroup>,
+    /// Per output channel: its lane group and lane.
+    channel_lane: Vec<(u32, u8)>,
     halves: Option<SharedBytes>,
-    params: GroupParams,
 }
 
 impl W4A16Weights {
@@ -133,10 +153,6 @@ impl W4A16Weights {
         halves: Option<SharedBytes>,
     ) -> Result<Self, KernelError> {
         let (n, k) = (params.n(), params.k());
-        TinygemmMatrix::new(&packed, n, k, block)?;
-        if let Some(h) = &halves {
-            check_len("split halves", n * k / 2, h.len())?;
-        }
         let lanes = lane_groups(block, n, k);
         let groups = params.groups();
         let mut lane_params = Vec::with_capacity(lanes.len() * groups * 32);
@@ -146,7 +162,111 @@ impl W4A16Weights {
                 lane_params.extend(lg.channels.iter().map(|&c| params.zero(c as usize, g)));
             }
         }
-        Ok(W4A16Weights { n, k, group: params.group_size(), block, packed, lane_params, lanes, halves, params })
+        Self::assemble(packed, LaneParams::Owned(lane_params), n, k, params.group_size(), block, halves)
+    }
+
+    /// Wraps packed bytes and lane-ordered parameters exactly as [`W4A16Weights::lane_params_le_bytes`]
+    /// wrote them, both read in place: the zero-copy load of a cached artifact. Lengths and alignment are
+    /// checked; the values are not (an artifact's payload hash is checked when it is written and by
+    /// `int4 cache verify`, not on every load).
+    pub fn from_packed_lane_params(
+        packed: SharedBytes,
+        lane_params: SharedBytes,
+        (n, k, group): (usize, usize, GroupSize),
+        block: TinygemmBlock,
+        halves: Option<SharedBytes>,
+    ) -> Result<Self, KernelError> {
+        let params = if cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(&lane_params).is_ok() {
+            LaneParams::Mapped(lane_params)
+        } else {
+            // A big-endian host, or bytes not 4-byte aligned: decode a copy.
+            if lane_params.len() % 4 != 0 {
+                return Err(KernelError::shape(
+                    "lane parameter bytes",
+                    lane_params.len().next_multiple_of(4),
+                    lane_params.len(),
+                ));
+            }
+            LaneParams::Owned(
+                lane_params.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            )
+        };
+        Self::assemble(packed, params, n, k, group, block, halves)
+    }
+
+    fn assemble(
+        packed: SharedBytes,
+        lane_params: LaneParams,
+        n: usize,
+        k: usize,
+        group: GroupSize,
+        block: TinygemmBlock,
+        halves: Option<SharedBytes>,
+    ) -> Result<Self, KernelError> {
+        TinygemmMatrix::new(&packed, n, k, block)?;
+        if let Some(h) = &halves {
+            check_len("split halves", n * k / 2, h.len())?;
+        }
+        let lanes = lane_groups(block, n, k);
+        check_len("lane parameters", lanes.len() * group.groups(k) * 32, lane_params.as_slice().len())?;
+        let mut channel_lane = vec![(0u32, 0u8); n];
+        for (lg, l) in lanes.iter().enumerate() {
+            for (j, &c) in l.channels.iter().enumerate() {
+                channel_lane[c as usize] = (lg as u32, j as u8);
+            }
+        }
+        Ok(W4A16Weights { n, k, group, block, packed, lane_params, lanes, channel_lane, halves })
+    }
+
+    /// The lane-ordered parameters as little-endian f32 bytes: what an artifact stores beside the packed
+    /// bytes for [`W4A16Weights::from_packed_lane_params`].
+    pub fn lane_params_le_bytes(&self) -> Vec<u8> {
+        self.lane_params.as_slice().iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Scale and zero of output channel `c`, group `g`.
+    #[inline]
+    pub fn scale_zero(&self, c: usize, g: usize) -> (f32, f32) {
+        let (lg, j) = self.channel_lane[c];
+        let p = &self.lane_sz(lg as usize)[g * 32..g * 32 + 32];
+        (p[j as usize], p[16 + j as usize])
+    }
+
+    /// The parameters in their canonical `[N][G]` arrangement (a copy).
+    pub fn params(&self) -> GroupParams {
+        let groups = self.group.groups(self.k);
+        let (mut scale, mut zero) = (Vec::with_capacity(self.n * groups), Vec::with_capacity(self.n * groups));
+        for c in 0..self.n {
+            for g in 0..groups {
+                let (s, z) = self.scale_zero(c, g);
+                scale.push(s);
+                zero.push(z);
+            }
+        }
+        GroupParams::new(self.n, self.k, self.group, scale, zero).expect("parameters that were valid when packed")
+    }
+
+    /// Decodes output channel `row` (all K weights) into `out`: the embedding lookup of a tied 4-bit head.
+    /// The same values as the kernels' dequantization, [`int4_layout::dequantize`].
+    pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if row >= self.n {
+            return Err(KernelError::new(KernelErrorKind::Layout(format!(
+                "row {row} is outside the {} output channels",
+                self.n
+            ))));
+        }
+        check_len("row", self.k, out.len())?;
+        let (lg, j) = self.channel_lane[row];
+        let (lg, j) = (lg as usize, j as usize);
+        let (bytes, stride, sz) = (self.lane_bytes(lg), self.lanes[lg].stride, self.lane_sz(lg));
+        let g_len = self.group.len(self.k);
+        for (kk, o) in out.iter_mut().enumerate() {
+            let b = bytes[kk * stride + j % 8];
+            let q = if j < 8 { b & 0xF } else { b >> 4 };
+            let p = &sz[(kk / g_len) * 32..];
+            *o = int4_layout::dequantize(q, p[j], p[16 + j]);
+        }
+        Ok(())
     }
 
     /// Output channels.
@@ -174,14 +294,9 @@ impl W4A16Weights {
         self.halves.as_deref()
     }
 
-    /// The canonical parameters.
-    pub fn params(&self) -> &GroupParams {
-        &self.params
-    }
-
     /// Bytes the decode kernel streams per call: packed codes plus f32 scales and zeros.
     pub fn decode_bytes(&self) -> usize {
-        self.packed.len() + self.lane_params.len() * 4
+        self.packed.len() + self.lane_params.as_slice().len() * 4
     }
 
     /// Bytes this layer holds (packed, parameters, and the split halves if kept).
@@ -190,8 +305,8 @@ impl W4A16Weights {
     }
 
     fn lane_sz(&self, lg: usize) -> &[f32] {
-        let per = self.params.groups() * 32;
-        &self.lane_params[lg * per..(lg + 1) * per]
+        let per = self.group.groups(self.k) * 32;
+        &self.lane_params.as_slice()[lg * per..(lg + 1) * per]
     }
 
     /// The bytes a lane group reads: from its offset to its last input channel's eight bytes.
@@ -314,7 +429,7 @@ impl W4A16Linear {
             return Ok(());
         }
         let g_len = w.group.len(k);
-        let groups = w.params.groups();
+        let groups = w.group.groups(k);
         let xs = portable::group_sums(x, m, k, g_len);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
         // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
@@ -361,7 +476,7 @@ impl W4A16Linear {
         match (&w.halves, self.config.direct_dequant) {
             (Some(h), false) => {
                 let from_halves = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
-                    halves_panel(h, &w.params, &w.lanes[lg].channels, k, k0, k1, panel)
+                    halves_panel(h, w, &w.lanes[lg].channels, k0, k1, panel)
                 };
                 gemm::panel_gemm(engine, x, m, k, &mut tiles, &from_halves);
             }
@@ -374,26 +489,18 @@ impl W4A16Linear {
 }
 
 /// The `direct_dequant: false` panel producer: reads each lane's channel row from the split-halves planes.
-fn halves_panel(
-    h: &[u8],
-    params: &GroupParams,
-    channels: &[u32; 16],
-    k: usize,
-    k0: usize,
-    k1: usize,
-    panel: &mut [f32],
-) {
+fn halves_panel(h: &[u8], w: &W4A16Weights, channels: &[u32; 16], k0: usize, k1: usize, panel: &mut [f32]) {
+    let k = w.k;
     let half = k / 2;
-    let g_len = params.group_size().len(k);
+    let g_len = w.group.len(k);
     for (j, &c) in channels.iter().enumerate() {
         let c = c as usize;
         let row = &h[c * half..(c + 1) * half];
         for kk in k0..k1 {
             let b = row[kk % half];
             let q = if kk >= half { b >> 4 } else { b & 0xF };
-            let g = kk / g_len;
-            let w = int4_layout::dequantize(q, params.scale(c, g), params.zero(c, g));
-            panel[(kk - k0) * 16 + j] = w;
+            let (s, z) = w.scale_zero(c, kk / g_len);
+            panel[(kk - k0) * 16 + j] = int4_layout::dequantize(q, s, z);
         }
     }
 }

@@ -5,6 +5,7 @@ mod common;
 
 use common::{Rng, assert_within, layer, runnable_variants};
 use int4_kernels::budget::{Budget, magnitudes_w4, magnitudes_w4_decode};
+use int4_kernels::bytes::SharedBytes;
 use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::shapes::{TEST_GROUPS, TEST_K, TEST_M, TEST_N};
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights, lane_groups};
@@ -300,5 +301,61 @@ fn lane_groups_partition_the_channels() {
             }
             assert!(seen.iter().all(|&s| s == 1), "{block:?} N={n}");
         }
+    }
+}
+
+/// Only the lane-ordered parameters are kept, so everything read back from them must be exact: the
+/// canonical parameters, each row's decode (the tied embedding's lookup) against the layout crate's own
+/// decoder, and a layer rebuilt zero-copy from its exported bytes, which must compute the same bits (also
+/// from bytes that are not 4-byte aligned, which are decoded into a copy instead).
+#[test]
+fn lane_parameters_read_back_exactly_and_rebuild_zero_copy() {
+    let mut rng = Rng::new(11);
+    for (n, k, group, block) in [
+        (16, 64, GroupSize::G32, TinygemmBlock::N64),
+        (48, 200, GroupSize::G64, TinygemmBlock::N64),
+        (80, 96, GroupSize::G32, TinygemmBlock::N32),
+        (144, 130, GroupSize::G128, TinygemmBlock::N64),
+        (144, 256, GroupSize::PerChannel, TinygemmBlock::N32),
+    ] {
+        let (codes, params) = layer(&mut rng, n, k, group);
+        let w = W4A16Weights::new(&codes, params.clone(), block, true).unwrap();
+        let back = w.params();
+        assert_eq!(back.scales(), params.scales(), "N={n} K={k}");
+        assert_eq!(back.zeros(), params.zeros(), "N={n} K={k}");
+        let m = TinygemmMatrix::new(w.packed(), n, k, block).unwrap();
+        let (mut got, mut want) = (vec![0.0f32; k], vec![0.0f32; k]);
+        for row in 0..n {
+            w.decode_row(row, &mut got).unwrap();
+            m.decode_row(&params, row, 0..k, &mut want).unwrap();
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+        assert!(w.decode_row(n, &mut got).is_err());
+        let lane = w.lane_params_le_bytes();
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&lane);
+        let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = std::sync::Arc::new(shifted);
+        let misaligned = SharedBytes::slice_of(owner, 1..lane.len() + 1).unwrap();
+        let x = rng.activations(3, k);
+        let run = |w: W4A16Weights| {
+            let lin =
+                W4A16Linear::forced(w, None, W4A16Config::default(), IsaLevel::Portable, &IsaCaps::unrestricted())
+                    .unwrap();
+            let mut out = vec![0.0f32; 3 * n];
+            lin.forward(&x, 3, &mut out).unwrap();
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let packed = || SharedBytes::from(w.packed().to_vec());
+        let zero_copy =
+            W4A16Weights::from_packed_lane_params(packed(), lane.clone().into(), (n, k, group), block, None);
+        let copied = W4A16Weights::from_packed_lane_params(packed(), misaligned, (n, k, group), block, None);
+        let want = run(w.clone());
+        assert_eq!(run(zero_copy.unwrap()), want);
+        assert_eq!(run(copied.unwrap()), want);
+        let short = SharedBytes::from(lane[..lane.len() - 4].to_vec());
+        assert!(W4A16Weights::from_packed_lane_params(packed(), short, (n, k, group), block, None).is_err());
     }
 }

@@ -7,8 +7,8 @@ use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::portable::Wna16Linear;
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
-use int4_layout::tinygemm::{self, TinygemmBlock, TinygemmMatrix};
-use int4_layout::{GroupParams, GroupSize, halves, rowmajor};
+use int4_layout::tinygemm::TinygemmBlock;
+use int4_layout::{GroupParams, GroupSize, rowmajor};
 
 use crate::error::{Error, Result};
 
@@ -113,12 +113,13 @@ impl Linear {
                     quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
                 drop(w);
                 let (codes, params) = (q.codes.padded_n(16), q.params.padded_n(16));
+                let weights = W4A16Weights::new(&codes, params, block, config.direct_dequant).map_err(|e| err(&e))?;
                 let mut out = vec![
-                    (section(name, "tinygemm"), tinygemm::pack(&codes, block).map_err(|e| err(&e))?),
-                    (section(name, "params"), params.to_le_bytes()),
+                    (section(name, "tinygemm"), weights.packed().to_vec()),
+                    (section(name, "lane_params"), weights.lane_params_le_bytes()),
                 ];
-                if !config.direct_dequant {
-                    out.push((section(name, "halves"), halves::pack(&codes).map_err(|e| err(&e))?));
+                if let Some(h) = weights.halves() {
+                    out.push((section(name, "halves"), h.to_vec()));
                 }
                 Ok(out)
             }
@@ -154,10 +155,15 @@ impl Linear {
             }
             Numerics::W4a16 { block, group, config, level } => {
                 let np = n.next_multiple_of(16);
-                let params = GroupParams::from_le_bytes(np, k, group, &need("params")?).map_err(|e| err(&e))?;
                 let halves = if config.direct_dequant { None } else { Some(need("halves")?) };
-                let weights =
-                    W4A16Weights::from_packed(need("tinygemm")?, params, block, halves).map_err(|e| err(&e))?;
+                let weights = W4A16Weights::from_packed_lane_params(
+                    need("tinygemm")?,
+                    need("lane_params")?,
+                    (np, k, group),
+                    block,
+                    halves,
+                )
+                .map_err(|e| err(&e))?;
                 let bias = bias.map(|mut b| {
                     b.resize(np, 0.0);
                     b
@@ -192,10 +198,10 @@ impl Linear {
         }
     }
 
-    /// The packed 4-bit weights and their parameters, when this layer is W4A16 (for embedding lookups).
-    pub fn w4a16(&self) -> Option<(&W4A16Weights, &GroupParams)> {
+    /// The packed 4-bit weights, when this layer is W4A16.
+    pub fn w4a16(&self) -> Option<&W4A16Weights> {
         match &self.imp {
-            Imp::W4a16(l) => Some((l.weights(), l.weights().params())),
+            Imp::W4a16(l) => Some(l.weights()),
             _ => None,
         }
     }
@@ -205,12 +211,7 @@ impl Linear {
     pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Option<Result<()>> {
         let res = match &self.imp {
             Imp::Dense(_) => return None,
-            Imp::W4a16(l) => {
-                let w = l.weights();
-                TinygemmMatrix::new(w.packed(), w.n(), w.k(), w.block())
-                    .and_then(|m| m.decode_row(w.params(), row, 0..self.k, out))
-                    .map_err(|e| Error::new("embedding", e.to_string()))
-            }
+            Imp::W4a16(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
             Imp::Wna16(l) => {
                 let bytes = &l.row_major()[row * self.k / 2..(row + 1) * self.k / 2];
                 let mut codes = vec![0u8; self.k];
