@@ -107,7 +107,7 @@ impl Wna16Linear {
     /// section of a memory-mapped artifact, read in place.
     pub fn new(row_major: SharedBytes, params: GroupParams, bias: Option<Vec<f32>>) -> Result<Self, KernelError> {
         let (n, k) = (params.n(), params.k());
-        if k % 2 != 0 {
+        if !k.is_multiple_of(2) {
             return Err(KernelError::new(KernelErrorKind::Layout(format!(
                 "row-major nibbles need an even K, got {k}"
             ))));

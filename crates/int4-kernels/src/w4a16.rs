@@ -180,7 +180,7 @@ impl W4A16Weights {
             LaneParams::Mapped(lane_params)
         } else {
             // A big-endian host, or bytes not 4-byte aligned: decode a copy.
-            if lane_params.len() % 4 != 0 {
+            if !lane_params.len().is_multiple_of(4) {
                 return Err(KernelError::shape(
                     "lane parameter bytes",
                     lane_params.len().next_multiple_of(4),
