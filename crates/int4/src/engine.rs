@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use int4_cache::config::normalize;
+use int4_cache::config::{NormalizedConfig, normalize};
 use int4_cache::{Artifact, ArtifactKey, ArtifactStore, MappedArtifact, SourceIdentity};
 use int4_kernels::bytes::SharedBytes;
 use int4_kernels::isa::{Feature, IsaLevel};
@@ -28,6 +28,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::linear::Numerics;
 use crate::model::{KvCache, Model};
+use crate::quantized::QuantFormat;
 use crate::sampling::{Sampler, SamplingConfig};
 use crate::text::TextCodec;
 use crate::weights::Checkpoint;
@@ -150,22 +151,22 @@ impl Engine {
         let text = std::fs::read_to_string(&cfg_path)
             .map_err(|e| Error::new(cfg_path.display().to_string(), e.to_string()))?;
         let cfg = ModelConfig::from_json(&text)?;
-        if cfg.quantization_config.is_some() {
-            return Err(Error::new(
-                cfg_path.display().to_string(),
-                "quantized checkpoints (quantization_config) are not loaded by this build yet; use an unquantized one",
-            ));
-        }
-        let (numerics, plan) = numerics_for(opts)?;
-        let ckpt = Checkpoint::open(dir)?;
         let mut warnings = Vec::new();
+        let quantization = read_quantization_config(dir, &cfg)?;
+        warnings.extend(quantization.warnings.iter().cloned());
+        let format = QuantFormat::from_config(&quantization)?;
+        let kind = format.as_ref().map_or(CheckpointKind::Bf16, QuantFormat::checkpoint_kind);
+        let group = format.as_ref().map_or(opts.group_size, QuantFormat::group);
+        let (numerics, plan) = numerics_for(opts, kind, group)?;
+        let ckpt = Checkpoint::open(dir)?;
+        warnings.extend(Model::load_notes(&cfg, &ckpt, numerics, format.as_ref()));
         let (model, packed_from) = match (&plan, &opts.cache) {
             (Some(plan), Some(store)) if numerics.is_packed() => {
-                let key = artifact_key(plan, opts.group_size, &ckpt, store)?;
+                let key = artifact_key(plan, &quantization, group, &ckpt, store)?;
                 let mut built = false;
                 let (artifact, w) = store.get_or_build(&key, || {
                     built = true;
-                    Model::pack(&cfg, &ckpt, numerics)
+                    Model::pack(&cfg, &ckpt, numerics, format.as_ref())
                 })?;
                 warnings.extend(w);
                 let (source, from) = match artifact {
@@ -180,11 +181,11 @@ impl Engine {
                     }
                     Artifact::InMemory { sections, .. } => (Sections::owned(sections), PackedFrom::InMemory),
                 };
-                (Model::load(cfg, &ckpt, numerics, Some(&|name: &str| source.get(name)))?, from)
+                (Model::load(cfg, &ckpt, numerics, Some(&|name: &str| source.get(name)), format.as_ref())?, from)
             }
             _ => {
                 let from = if numerics.is_packed() { PackedFrom::Uncached } else { PackedFrom::NotPacked };
-                (Model::load(cfg, &ckpt, numerics, None)?, from)
+                (Model::load(cfg, &ckpt, numerics, None, format.as_ref())?, from)
             }
         };
         if numerics.is_packed() {
@@ -326,17 +327,49 @@ fn is_default_model(dir: &Path) -> bool {
     crate::convert::default_model_dir().is_some_and(|d| canon(&d).is_some() && canon(&d) == canon(dir))
 }
 
-/// The key of the artifact a load-time quantization of `ckpt` on `plan` produces: the quantization it
-/// stands for (as a `cpu_int4` config), the plan, the CPU features its kernels need, and the content hash
-/// of the checkpoint's tensor files (re-hashed only when a file's size or mtime changes).
-fn artifact_key(plan: &Plan, group: GroupSize, ckpt: &Checkpoint, store: &ArtifactStore) -> Result<ArtifactKey> {
-    let config = serde_json::json!({
-        "quant_method": "cpu_int4",
-        "group_size": group.to_checkpoint(),
-        "direct_dequant": plan.direct_dequant,
-        "dequant_threshold": plan.dequant_threshold,
-    });
-    let quantization = normalize(Some(&config)).map_err(|e| Error::new("quantization", e.to_string()))?;
+/// The checkpoint's normalised quantization config: `config.json`'s `quantization_config`, else a
+/// `quantize_config.json` beside it (older GPTQ exports; `quant_method` defaults to `gptq` there), else
+/// none (an unquantized checkpoint).
+fn read_quantization_config(dir: &Path, cfg: &ModelConfig) -> Result<NormalizedConfig> {
+    let side = dir.join("quantize_config.json");
+    let raw = match &cfg.quantization_config {
+        Some(v) => Some(v.clone()),
+        None if side.exists() => {
+            let ctx = side.display().to_string();
+            let text = std::fs::read_to_string(&side).map_err(|e| Error::new(&ctx, e.to_string()))?;
+            let mut v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::new(&ctx, e.to_string()))?;
+            if let Some(o) = v.as_object_mut() {
+                o.entry("quant_method").or_insert_with(|| "gptq".into());
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    normalize(raw.as_ref()).map_err(|e| Error::new("quantization_config", e.to_string()))
+}
+
+/// The key of the artifact a load produces: the checkpoint's quantization (for an unquantized one, the
+/// load-time quantization it undergoes, written as a `cpu_int4` config), the plan, the CPU features its
+/// kernels need, and the content hash of the checkpoint's tensor files (re-hashed only when a file's size
+/// or mtime changes).
+fn artifact_key(
+    plan: &Plan,
+    checkpoint: &NormalizedConfig,
+    group: GroupSize,
+    ckpt: &Checkpoint,
+    store: &ArtifactStore,
+) -> Result<ArtifactKey> {
+    let quantization = if checkpoint.method == "none" {
+        let config = serde_json::json!({
+            "quant_method": "cpu_int4",
+            "group_size": group.to_checkpoint(),
+            "direct_dequant": plan.direct_dequant,
+            "dequant_threshold": plan.dequant_threshold,
+        });
+        normalize(Some(&config)).map_err(|e| Error::new("quantization", e.to_string()))?
+    } else {
+        checkpoint.clone()
+    };
     let level = plan.decode.isa.max(plan.prefill.isa);
     let features = Feature::ALL
         .into_iter()
@@ -354,7 +387,7 @@ fn artifact_key(plan: &Plan, group: GroupSize, ckpt: &Checkpoint, store: &Artifa
 }
 
 /// The numerics for a load: the policy's plan for the 4-bit paths, or the dense ones.
-fn numerics_for(opts: &LoadOptions) -> Result<(Numerics, Option<Plan>)> {
+fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> Result<(Numerics, Option<Plan>)> {
     let choice = match opts.path {
         RunPath::F32 => return Ok((Numerics::F32, None)),
         RunPath::Bf16 => return Ok((Numerics::Bf16, None)),
@@ -364,17 +397,16 @@ fn numerics_for(opts: &LoadOptions) -> Result<(Numerics, Option<Plan>)> {
     };
     let snap = int4_select::snapshot_for_policy().map_err(|e| Error::new("CPU profile", e.to_string()))?;
     let isa_cap = std::env::var("INT4_ISA").ok().and_then(|v| IsaLevel::parse(&v));
-    let p =
-        plan(&snap, CheckpointKind::Bf16, opts.priority, &Overrides { path: choice, isa_cap, ..Overrides::default() })
-            .map_err(|e| Error::new("path", e.to_string()))?;
+    let p = plan(&snap, kind, opts.priority, &Overrides { path: choice, isa_cap, ..Overrides::default() })
+        .map_err(|e| Error::new("path", e.to_string()))?;
     let numerics = match p.layout {
         PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 => Numerics::W4a16 {
             block: if p.layout == PackedLayout::Tinygemm64 { TinygemmBlock::N64 } else { TinygemmBlock::N32 },
-            group: opts.group_size,
+            group,
             config: W4A16Config { dequant_threshold: p.dequant_threshold, direct_dequant: p.direct_dequant },
             level: p.decode.isa,
         },
-        PackedLayout::RowMajor => Numerics::Wna16 { group: opts.group_size },
+        PackedLayout::RowMajor => Numerics::Wna16 { group },
         PackedLayout::Bf16 => Numerics::Bf16,
     };
     Ok((numerics, Some(p)))

@@ -12,6 +12,7 @@
 //! * [`config`] — `config.json` of Llama, Qwen2 and Qwen3 checkpoints (transformers v4 and v5 spellings);
 //! * [`weights`] — memory-mapped safetensors (single file or shards);
 //! * [`linear`] — a linear layer on the kernel the plan chose, reporting which kernel runs each phase;
+//! * [`quantized`] — the linears of `cpu_int4`, GPTQ and AWQ checkpoints as codes and parameters;
 //! * [`model`] — the forward pass and KV cache; [`sampling`] — greedy and seeded sampling;
 //! * [`text`] — tokenizer and chat template; [`engine`] — load a directory and generate;
 //! * [`gguf`] and [`convert`] — reading GGUF files and turning a Llama GGUF into a model directory (how the
@@ -25,6 +26,7 @@ pub mod error;
 pub mod gguf;
 pub mod linear;
 pub mod model;
+pub mod quantized;
 pub mod sampling;
 pub mod text;
 pub mod weights;

@@ -11,6 +11,7 @@ use int4_layout::tinygemm::TinygemmBlock;
 use int4_layout::{GroupParams, GroupSize, rowmajor};
 
 use crate::error::{Error, Result};
+use crate::quantized::QuantLinear;
 
 /// How a model's linear layers are run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct Linear {
     k: usize,
     /// N rounded up to the packer's multiple of 16 (extra outputs are computed and dropped).
     n_padded: usize,
+    /// GPTQ act-order: the kernels see input channel `perm[i]` at position `i`.
+    perm: Option<Vec<u32>>,
     imp: Imp,
 }
 
@@ -66,6 +69,18 @@ impl Numerics {
     pub fn is_packed(self) -> bool {
         matches!(self, Numerics::W4a16 { .. } | Numerics::Wna16 { .. })
     }
+}
+
+/// Reads a stored act-order permutation, checking that it is one.
+fn read_permutation(name: &str, bytes: &[u8], k: usize) -> Result<Vec<u32>> {
+    let p: Vec<u32> = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let mut seen = vec![false; k];
+    let valid =
+        bytes.len() == 4 * k && p.iter().all(|&i| (i as usize) < k && !std::mem::replace(&mut seen[i as usize], true));
+    if !valid {
+        return Err(Error::new(name, format!("the stored input permutation is not a permutation of {k} channels")));
+    }
+    Ok(p)
 }
 
 /// An artifact section's name: the layer's name and the part.
@@ -99,20 +114,30 @@ impl Linear {
                 return Ok(layer);
             }
         };
-        Ok(Linear { n, k, n_padded: n, imp })
+        Ok(Linear { n, k, n_padded: n, perm: None, imp })
     }
 
-    /// Quantizes `w` (`[n][k]`, round to nearest on the asymmetric grid) and packs it for `numerics`: the
-    /// named byte sections an artifact stores for this layer. Empty for the unquantized numerics.
-    pub fn pack(name: &str, w: Vec<f32>, n: usize, k: usize, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
+    /// Builds the layer from a quantized checkpoint's codes and parameters: packed as they are for the
+    /// 4-bit numerics (no requantization), dequantized for the dense ones.
+    pub fn build_quantized(name: &str, q: QuantLinear, bias: Option<Vec<f32>>, numerics: Numerics) -> Result<Self> {
+        let (n, k) = (q.codes.n(), q.codes.k());
+        if !numerics.is_packed() {
+            return Self::build(name, q.dequantized(), n, k, bias, numerics);
+        }
+        let sections: Vec<(String, SharedBytes)> =
+            Self::pack_codes(name, q, numerics)?.into_iter().map(|(s, b)| (s, b.into())).collect();
+        let get = |s: &str| sections.iter().find(|(n, _)| n == s).map(|(_, b)| b.clone());
+        Self::from_sections(name, n, k, bias, numerics, &get)
+    }
+
+    /// Packs a quantized checkpoint's codes and parameters for `numerics`: the sections an artifact stores.
+    pub fn pack_codes(name: &str, q: QuantLinear, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
         let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
-        match numerics {
-            Numerics::F32 | Numerics::Bf16 => Ok(Vec::new()),
-            Numerics::W4a16 { block, group, config, .. } => {
-                let q =
-                    quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
-                drop(w);
-                let (codes, params) = (q.codes.padded_n(16), q.params.padded_n(16));
+        let QuantLinear { codes, params, perm } = q;
+        let mut out = match numerics {
+            Numerics::F32 | Numerics::Bf16 => return Ok(Vec::new()),
+            Numerics::W4a16 { block, config, .. } => {
+                let (codes, params) = (codes.padded_n(16), params.padded_n(16));
                 let weights = W4A16Weights::new(&codes, params, block, config.direct_dequant).map_err(|e| err(&e))?;
                 let mut out = vec![
                     (section(name, "tinygemm"), weights.packed().to_vec()),
@@ -121,15 +146,30 @@ impl Linear {
                 if let Some(h) = weights.halves() {
                     out.push((section(name, "halves"), h.to_vec()));
                 }
-                Ok(out)
+                out
             }
-            Numerics::Wna16 { group } => {
+            Numerics::Wna16 { .. } => vec![
+                (section(name, "rowmajor"), rowmajor::pack(&codes).map_err(|e| err(&e))?),
+                (section(name, "params"), params.to_le_bytes()),
+            ],
+        };
+        if let Some(p) = perm {
+            out.push((section(name, "perm"), p.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        }
+        Ok(out)
+    }
+
+    /// Quantizes `w` (`[n][k]`, round to nearest on the asymmetric grid) and packs it for `numerics`: the
+    /// named byte sections an artifact stores for this layer. Empty for the unquantized numerics.
+    pub fn pack(name: &str, w: Vec<f32>, n: usize, k: usize, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
+        let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
+        match numerics {
+            Numerics::F32 | Numerics::Bf16 => Ok(Vec::new()),
+            Numerics::W4a16 { group, .. } | Numerics::Wna16 { group } => {
                 let q =
                     quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
-                Ok(vec![
-                    (section(name, "rowmajor"), rowmajor::pack(&q.codes).map_err(|e| err(&e))?),
-                    (section(name, "params"), q.params.to_le_bytes()),
-                ])
+                drop(w);
+                Self::pack_codes(name, QuantLinear { codes: q.codes, params: q.params, perm: None }, numerics)
             }
         }
     }
@@ -149,9 +189,16 @@ impl Linear {
             get(&section(name, part)).ok_or_else(|| Error::new(name, format!("the artifact has no section \"{part}\"")))
         };
         let caps = IsaCaps::process();
-        match numerics {
+        let perm = match get(&section(name, "perm")) {
+            Some(b) => Some(read_permutation(name, &b, k)?),
+            None => None,
+        };
+        let layer = match numerics {
             Numerics::F32 | Numerics::Bf16 => {
-                Err(Error::new(name, "unquantized layers are built from the checkpoint, not from packed sections"))
+                return Err(Error::new(
+                    name,
+                    "unquantized layers are built from the checkpoint, not from packed sections",
+                ));
             }
             Numerics::W4a16 { block, group, config, level } => {
                 let np = n.next_multiple_of(16);
@@ -169,14 +216,15 @@ impl Linear {
                     b
                 });
                 let imp = Imp::W4a16(W4A16Linear::forced(weights, bias, config, level, caps).map_err(|e| err(&e))?);
-                Ok(Linear { n, k, n_padded: np, imp })
+                Linear { n, k, n_padded: np, perm: None, imp }
             }
             Numerics::Wna16 { group } => {
                 let params = GroupParams::from_le_bytes(n, k, group, &need("params")?).map_err(|e| err(&e))?;
                 let imp = Imp::Wna16(Wna16Linear::new(need("rowmajor")?, params, bias).map_err(|e| err(&e))?);
-                Ok(Linear { n, k, n_padded: n, imp })
+                Linear { n, k, n_padded: n, perm: None, imp }
             }
-        }
+        };
+        Ok(Linear { perm, ..layer })
     }
 
     /// Output width.
@@ -236,6 +284,15 @@ impl Linear {
 
     /// `out[m][n] = x[m][k]·Wᵀ (+ bias)`.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+        let permuted;
+        let x = match &self.perm {
+            Some(p) if x.len() == m * self.k => {
+                permuted =
+                    x.chunks_exact(self.k).flat_map(|row| p.iter().map(|&i| row[i as usize])).collect::<Vec<f32>>();
+                &permuted[..]
+            }
+            _ => x,
+        };
         let run = |out: &mut [f32]| -> std::result::Result<(), int4_kernels::KernelError> {
             match &self.imp {
                 Imp::Dense(d) => d.forward(x, m, out),

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::linear::{Linear, Numerics, SectionSource};
+use crate::quantized::{QuantFormat, QuantLinear, read_linear};
 use crate::weights::Checkpoint;
 
 struct Layer {
@@ -128,6 +129,29 @@ impl LinearSpec {
         Ok(w)
     }
 
+    /// The layer from a quantized checkpoint, when the checkpoint stores it quantized (`None`: it is
+    /// stored unquantized, as a GPTQ head usually is). Fused parts must all be quantized or none.
+    pub fn quantized(&self, ckpt: &Checkpoint, format: Option<&QuantFormat>) -> Result<Option<QuantLinear>> {
+        let Some(format) = format else { return Ok(None) };
+        let prefixes: Vec<&str> = self.parts.iter().map(|(t, _)| t.strip_suffix(".weight").unwrap_or(t)).collect();
+        let stored = prefixes.iter().filter(|p| format.stores(ckpt, p)).count();
+        if stored == 0 {
+            return Ok(None);
+        }
+        if stored != prefixes.len() {
+            return Err(Error::new(
+                &self.name,
+                "some of the fused layers are quantized in the checkpoint and some are not",
+            ));
+        }
+        let parts = prefixes
+            .iter()
+            .zip(&self.parts)
+            .map(|(p, (_, rows))| read_linear(ckpt, p, *rows, self.k, format))
+            .collect::<Result<Vec<_>>>()?;
+        QuantLinear::stack(parts, &self.name).map(Some)
+    }
+
     /// The bias, if the architecture has one here.
     pub fn bias(&self, ckpt: &Checkpoint) -> Result<Option<Vec<f32>>> {
         let Some(parts) = &self.bias else { return Ok(None) };
@@ -141,7 +165,9 @@ impl LinearSpec {
 
 /// Whether the head shares the embedding's weights.
 fn head_is_tied(cfg: &ModelConfig, ckpt: &Checkpoint) -> bool {
-    cfg.tie_word_embeddings || !ckpt.has("lm_head.weight")
+    // A head stored in any form (plain, GPTQ/AWQ `qweight`, `cpu_int4` `weight_packed`) is its own.
+    let stored = ["lm_head.weight", "lm_head.qweight", "lm_head.weight_packed"].iter().any(|t| ckpt.has(t));
+    cfg.tie_word_embeddings || !stored
 }
 
 /// Every linear layer of the model, in a fixed order: per decoder layer qkv (fused), o_proj, gate_up
@@ -169,33 +195,67 @@ pub fn linear_specs(cfg: &ModelConfig, ckpt: &Checkpoint) -> Vec<LinearSpec> {
 }
 
 impl Model {
-    /// Quantizes and packs every linear layer for `numerics`: the sections of the model's artifact.
-    pub fn pack(cfg: &ModelConfig, ckpt: &Checkpoint, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
+    /// Packs every linear layer for `numerics` — the checkpoint's own codes where it is quantized
+    /// (`format`), else quantized here — into the sections of the model's artifact.
+    pub fn pack(
+        cfg: &ModelConfig,
+        ckpt: &Checkpoint,
+        numerics: Numerics,
+        format: Option<&QuantFormat>,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
         // Layers in parallel, each task holding one layer's f32 weights while it quantizes them.
         let packed: Vec<Vec<(String, Vec<u8>)>> = linear_specs(cfg, ckpt)
             .par_iter()
-            .map(|spec| Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics))
+            .map(|spec| match spec.quantized(ckpt, format)? {
+                Some(q) => Linear::pack_codes(&spec.name, q, numerics),
+                None => Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics),
+            })
             .collect::<Result<_>>()?;
         Ok(packed.into_iter().flatten().collect())
     }
 
+    /// What loading `format` on `numerics` does that the user should know: a layer the quantized checkpoint
+    /// left unquantized (usually the head) is quantized at load rather than left in 16 bits.
+    pub fn load_notes(
+        cfg: &ModelConfig,
+        ckpt: &Checkpoint,
+        numerics: Numerics,
+        format: Option<&QuantFormat>,
+    ) -> Vec<String> {
+        let (Some(f), true) = (format, numerics.is_packed()) else { return Vec::new() };
+        linear_specs(cfg, ckpt)
+            .iter()
+            .filter(|s| s.parts.iter().all(|(t, _)| !f.stores(ckpt, t.strip_suffix(".weight").unwrap_or(t))))
+            .map(|s| {
+                format!(
+                    "{} is not quantized in the checkpoint: it is quantized at load (round to nearest, group {})",
+                    s.name,
+                    f.group().to_checkpoint()
+                )
+            })
+            .collect()
+    }
+
     /// Loads the checkpoint's weights into layers run by `numerics`. For packed numerics, `packed` gives
     /// the sections [`Model::pack`] made (from the artifact cache, read in place); without it each layer
-    /// is quantized and packed here.
+    /// is packed here: from the checkpoint's own codes where `format` says it is quantized, else
+    /// quantized on the spot. Dense numerics on a quantized checkpoint run its dequantized weights.
     pub fn load(
         cfg: ModelConfig,
         ckpt: &Checkpoint,
         numerics: Numerics,
         packed: Option<SectionSource>,
+        format: Option<&QuantFormat>,
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let linear = |spec: &LinearSpec| -> Result<Linear> {
             let bias = spec.bias(ckpt)?;
-            match packed {
-                Some(get) if numerics.is_packed() => {
-                    Linear::from_sections(&spec.name, spec.n, spec.k, bias, numerics, get)
-                }
-                _ => Linear::build(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, bias, numerics),
+            if let (Some(get), true) = (packed, numerics.is_packed()) {
+                return Linear::from_sections(&spec.name, spec.n, spec.k, bias, numerics, get);
+            }
+            match spec.quantized(ckpt, format)? {
+                Some(q) => Linear::build_quantized(&spec.name, q, bias, numerics),
+                None => Linear::build(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, bias, numerics),
             }
         };
         let specs = linear_specs(&cfg, ckpt);

@@ -102,6 +102,37 @@ impl Checkpoint {
         self.entries.get(name).map(|e| e.shape.as_slice())
     }
 
+    /// A tensor's raw bytes, checked against the expected shape and one of the accepted dtypes.
+    fn raw(&self, name: &str, shape: &[usize], dtypes: &[Dtype]) -> Result<(&[u8], Dtype)> {
+        let e = self.entries.get(name).ok_or_else(|| Error::new(name, "tensor is missing from the checkpoint"))?;
+        let shard = &self.shards[e.shard];
+        let ctx = || format!("{} (in {})", name, shard.path.display());
+        if e.shape != shape {
+            return Err(Error::new(ctx(), format!("shape {:?}, expected {:?}", e.shape, shape)));
+        }
+        if !dtypes.contains(&e.dtype) {
+            return Err(Error::new(ctx(), format!("dtype {:?}, expected one of {dtypes:?}", e.dtype)));
+        }
+        let n: usize = shape.iter().product();
+        let bytes = &shard.map[shard.data_start + e.start..shard.data_start + e.end];
+        let need = n * e.dtype.bitsize() / 8;
+        if bytes.len() != need {
+            return Err(Error::new(ctx(), format!("holds {} bytes, its shape needs {need}", bytes.len())));
+        }
+        Ok((bytes, e.dtype))
+    }
+
+    /// A 32-bit integer tensor (GPTQ/AWQ `qweight`, `qzeros`, `g_idx`), checked against the expected shape.
+    pub fn i32(&self, name: &str, shape: &[usize]) -> Result<Vec<i32>> {
+        let (bytes, _) = self.raw(name, shape, &[Dtype::I32, Dtype::U32])?;
+        Ok(bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
+    /// A byte tensor (`cpu_int4` `weight_packed`), checked against the expected shape.
+    pub fn u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
+        Ok(self.raw(name, shape, &[Dtype::U8, Dtype::I8])?.0.to_vec())
+    }
+
     /// A tensor as f32 (from bf16, f16 or f32), checked against the expected shape.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let e = self.entries.get(name).ok_or_else(|| Error::new(name, "tensor is missing from the checkpoint"))?;

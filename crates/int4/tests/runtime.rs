@@ -19,7 +19,7 @@ use int4_layout::tinygemm::TinygemmBlock;
 
 fn load(dir: &Path, numerics: Numerics) -> Model {
     let cfg = ModelConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    Model::load(cfg, &Checkpoint::open(dir).unwrap(), numerics, None).unwrap()
+    Model::load(cfg, &Checkpoint::open(dir).unwrap(), numerics, None, None).unwrap()
 }
 
 fn w4a16(level: IsaLevel, threshold: usize) -> Numerics {
@@ -151,7 +151,7 @@ fn bad_inputs_are_clear_errors() {
     assert!(e.to_string().contains("KV cache"), "{e}");
     // A checkpoint missing a tensor, or with a wrong shape, names it.
     let cfg = ModelConfig::from_json(&CONFIG.replace("\"hidden_size\": 64", "\"hidden_size\": 32")).unwrap();
-    let e = Model::load(cfg, &Checkpoint::open(&dir).unwrap(), Numerics::F32, None).unwrap_err();
+    let e = Model::load(cfg, &Checkpoint::open(&dir).unwrap(), Numerics::F32, None, None).unwrap_err();
     assert!(e.to_string().contains("shape"), "{e}");
     assert!(
         ModelConfig::from_json(r#"{"architectures": ["GPT2LMHeadModel"]}"#)
