@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
+use int4::engine::{Engine, LoadOptions, PackProgress, PackedFrom, RunPath};
 use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
@@ -39,6 +39,60 @@ enum Command {
     },
     /// Generate text from a prompt.
     Generate(GenerateArgs),
+    /// Chat: each line you type is a user turn; the KV cache is kept across turns. `/reset` starts over,
+    /// an empty line or end of input quits.
+    Chat(ChatArgs),
+    /// Describe a model directory: architecture, tensor formats, how each kind of layer is stored and will
+    /// run on this machine, and whether its packed weights are cached.
+    Info(InfoArgs),
+}
+
+#[derive(clap::Args)]
+struct ChatArgs {
+    /// A Hugging Face model directory.
+    model_dir: PathBuf,
+    /// Which numerics to run.
+    #[arg(long, value_enum, default_value = "auto")]
+    path: PathArg,
+    /// Speed or fidelity.
+    #[arg(long, default_value = "speed")]
+    priority: String,
+    /// Worker threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// A system message to start the conversation with.
+    #[arg(long)]
+    system: Option<String>,
+    /// Tokens per reply at most.
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// Sampling temperature (greedy without it).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The conversation's context (KV cache positions).
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Pack the weights in memory and neither read nor write the artifact cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+#[derive(clap::Args)]
+struct InfoArgs {
+    /// A Hugging Face model directory.
+    model_dir: PathBuf,
+    /// Which numerics to describe the plan for.
+    #[arg(long, value_enum, default_value = "auto")]
+    path: PathArg,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Do not look in the artifact cache.
+    #[arg(long)]
+    no_cache: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -108,13 +162,204 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Probe { json } => probe(json),
         Command::Cache { action, bytes } => cache(&action, bytes),
-        Command::Generate(a) => match generate(a) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("int4 generate: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Generate(a) => report("generate", generate(a)),
+        Command::Chat(a) => report("chat", chat(a)),
+        Command::Info(a) => report("info", info(a)),
+    }
+}
+
+fn report(command: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("int4 {command}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_path(p: PathArg) -> RunPath {
+    match p {
+        PathArg::Auto => RunPath::Auto,
+        PathArg::W4a16 => RunPath::W4a16,
+        PathArg::Wna16 => RunPath::Wna16,
+        PathArg::Bf16 => RunPath::Bf16,
+        PathArg::F32 => RunPath::F32,
+    }
+}
+
+fn priority(p: &str) -> Result<Priority, Box<dyn std::error::Error>> {
+    match p {
+        "speed" => Ok(Priority::Speed),
+        "fidelity" => Ok(Priority::Fidelity),
+        other => Err(format!("--priority {other}: expected speed or fidelity").into()),
+    }
+}
+
+/// Probes (and asks Linux for AMX tile state) before any worker thread exists — the kernel refuses the
+/// request if an existing thread's signal stack is too small for the tile state — then sizes the pool.
+fn start_threads(threads: Option<usize>) -> Result<(), Box<dyn std::error::Error>> {
+    let _ = int4::select::probe::live();
+    if let Some(t) = threads {
+        rayon::ThreadPoolBuilder::new().num_threads(t).build_global()?;
+    }
+    Ok(())
+}
+
+/// Load options with a progress bar on stderr for the first (cold) packing of a model's layers.
+fn load_options(path: PathArg, priority: Priority, context: usize, no_cache: bool) -> LoadOptions {
+    let bar = indicatif::ProgressBar::hidden();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("[int4] packing layers {bar:30} {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let progress = PackProgress(std::sync::Arc::new(move |done, total| {
+        if bar.is_hidden() && done < total {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        if done == total {
+            bar.finish_and_clear();
+        }
+    }));
+    let mut opts =
+        LoadOptions { path: run_path(path), priority, context, progress: Some(progress), ..LoadOptions::default() };
+    if no_cache {
+        opts.cache = None;
+    }
+    opts
+}
+
+/// How a load's packed weights were obtained, in words.
+fn packed_from(e: &Engine) -> String {
+    match &e.packed_from {
+        PackedFrom::NotPacked => "not packed".to_string(),
+        PackedFrom::Uncached => "packed, cache off".to_string(),
+        PackedFrom::Cache(p) => format!("warm, mapped from {}", p.display()),
+        PackedFrom::Built(p) => format!("cold, packed and cached in {}", p.display()),
+        PackedFrom::InMemory => "packed, cache unusable".to_string(),
+    }
+}
+
+/// Prints generated text as it comes, whole characters only: a byte-level token can end inside a UTF-8
+/// sequence, which the tokenizer decodes as U+FFFD until the next token completes it, so trailing
+/// replacement characters are held back, and only text extending what was already shown is printed.
+struct Streamer {
+    ids: Vec<u32>,
+    shown: String,
+}
+
+impl Streamer {
+    fn new() -> Self {
+        Streamer { ids: Vec::new(), shown: String::new() }
+    }
+
+    fn push(&mut self, engine: &Engine, id: u32) {
+        self.ids.push(id);
+        let text = engine.text.decode_for_display(&self.ids).unwrap_or_default();
+        let stable = text.trim_end_matches('\u{FFFD}');
+        if let Some(new) = stable.strip_prefix(self.shown.as_str()) {
+            let mut stdout = std::io::stdout();
+            let _ = stdout.write_all(new.as_bytes());
+            let _ = stdout.flush();
+            self.shown = stable.to_string();
+        }
+    }
+}
+
+fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let opts = load_options(a.path, Priority::Speed, 64, a.no_cache);
+    let info = Engine::describe(&a.model_dir, &opts)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+        return Ok(());
+    }
+    println!("{}  {}", a.model_dir.display(), info.architecture);
+    println!("  shape        {}", info.shape);
+    println!("  tied head    {}", info.tied_head);
+    println!("  files        {}", info.files.join(", "));
+    let dtypes: Vec<String> = info.dtypes.iter().map(|(d, n)| format!("{n} {d}")).collect();
+    println!("  tensors      {}", dtypes.join(", "));
+    println!("  quantization {} {}", info.quantization["method"].as_str().unwrap_or("?"), info.quantization["fields"]);
+    println!("  layers");
+    for (layer, how) in &info.layers {
+        println!("    {layer:<22} {how}");
+    }
+    if let Some(p) = &info.plan {
+        println!(
+            "  plan         {} (decode {}, prefill {}, layout {:?})",
+            p.path, p.decode.kernel, p.prefill.kernel, p.layout
+        );
+    }
+    match info.cached {
+        Some(true) => println!("  cache        packed weights cached: the next load is warm"),
+        Some(false) => println!("  cache        not cached: the next load packs the weights"),
+        None => println!("  cache        not used"),
+    }
+    for w in &info.warnings {
+        println!("  warning      {w}");
+    }
+    Ok(())
+}
+
+fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
+    start_threads(a.threads)?;
+    let engine = Engine::load(&a.model_dir, &load_options(a.path, priority(&a.priority)?, a.context, a.no_cache))?;
+    for w in &engine.warnings {
+        eprintln!("[int4] warning: {w}");
+    }
+    eprintln!(
+        "[int4] load {:.2} s ({}); type a message, /reset to start over, an empty line to quit",
+        engine.load_time.as_secs_f64(),
+        packed_from(&engine)
+    );
+    let sampling = match a.temperature {
+        Some(t) => SamplingConfig { temperature: t, top_k: 0, top_p: 1.0, seed: a.seed },
+        None => SamplingConfig::greedy(),
+    };
+    let system: Vec<Message> = a.system.iter().map(|s| Message { role: "system".into(), content: s.clone() }).collect();
+    let mut messages = system.clone();
+    let mut cache = engine.new_cache()?;
+    // The ids the cache holds, so a turn feeds only what the re-rendered conversation adds.
+    let mut fed: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.read_line(&mut line)? == 0 || line.trim().is_empty() {
+            return Ok(());
+        }
+        if line.trim() == "/reset" {
+            messages = system.clone();
+            cache.clear();
+            fed.clear();
+            continue;
+        }
+        messages.push(Message { role: "user".into(), content: line.trim_end().to_string() });
+        let ids = engine.text.encode(&engine.text.apply_chat_template(&messages)?)?;
+        if !ids.starts_with(&fed) || ids.len() == fed.len() {
+            // The template re-rendered earlier turns differently: run the conversation again.
+            cache.clear();
+            fed.clear();
+        }
+        let new = &ids[fed.len()..];
+        let mut stream = Streamer::new();
+        let out = engine.generate_in(&mut cache, new, a.max_new_tokens, sampling, |t| stream.push(&engine, t))?;
+        println!();
+        fed.extend_from_slice(new);
+        // The last sampled token was never run through the model, so it is not in the cache.
+        fed.extend_from_slice(&out.tokens[..out.tokens.len().saturating_sub(1)]);
+        let reply = engine.text.decode(&out.tokens)?;
+        messages.push(Message { role: "assistant".into(), content: reply.trim().to_string() });
+        let tps = out.tokens.len().saturating_sub(1) as f64 / out.decode.as_secs_f64().max(1e-9);
+        eprintln!(
+            "[int4] {} new prompt tokens, {} generated at {tps:.1} tok/s, {} of {} context used",
+            new.len(),
+            out.tokens.len(),
+            cache.len(),
+            cache.capacity()
+        );
     }
 }
 
@@ -125,39 +370,13 @@ fn rss_anon_mib() -> Option<f64> {
 }
 
 fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
-    // Probe (and ask Linux for the AMX tile state) before any worker thread exists: the kernel refuses the
-    // request if an existing thread's signal stack is too small for the tile state.
-    let _ = int4::select::probe::live();
-    if let Some(t) = a.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(t).build_global()?;
-    }
-    let priority = match a.priority.as_str() {
-        "speed" => Priority::Speed,
-        "fidelity" => Priority::Fidelity,
-        other => return Err(format!("--priority {other}: expected speed or fidelity").into()),
-    };
-    let path = match a.path {
-        PathArg::Auto => RunPath::Auto,
-        PathArg::W4a16 => RunPath::W4a16,
-        PathArg::Wna16 => RunPath::Wna16,
-        PathArg::Bf16 => RunPath::Bf16,
-        PathArg::F32 => RunPath::F32,
-    };
-    let mut opts = LoadOptions { path, priority, context: a.context, ..LoadOptions::default() };
-    if a.no_cache {
-        opts.cache = None;
-    }
+    start_threads(a.threads)?;
+    let opts = load_options(a.path, priority(&a.priority)?, a.context, a.no_cache);
     let engine = Engine::load(&a.model_dir, &opts)?;
     for w in &engine.warnings {
         eprintln!("[int4] warning: {w}");
     }
-    let packed_from = match &engine.packed_from {
-        PackedFrom::NotPacked => "not packed".to_string(),
-        PackedFrom::Uncached => "packed, cache off".to_string(),
-        PackedFrom::Cache(p) => format!("warm, mapped from {}", p.display()),
-        PackedFrom::Built(p) => format!("cold, packed and cached in {}", p.display()),
-        PackedFrom::InMemory => "packed, cache unusable".to_string(),
-    };
+    let packed_from = packed_from(&engine);
     let prompt_ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids
             .split(',')
@@ -174,29 +393,14 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         (true, _) | (false, None) => SamplingConfig::greedy(),
         (false, Some(t)) => SamplingConfig { temperature: t, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
     };
-    let mut shown = String::new();
-    let mut stdout = std::io::stdout();
-    let mut emitted: Vec<u32> = Vec::new();
+    let mut stream = Streamer::new();
     let mut stopped_by_string = false;
     let out = engine.generate(&prompt_ids, a.max_new_tokens, sampling, |tok| {
-        if stopped_by_string {
+        if stopped_by_string || a.json {
             return;
         }
-        emitted.push(tok);
-        if a.json {
-            return;
-        }
-        // Stream whole characters only: a byte-level token can end inside a UTF-8 sequence, which the
-        // tokenizer decodes as U+FFFD until the next token completes it, so trailing replacement
-        // characters are held back, and only text extending what was already shown is printed.
-        let text = engine.text.decode_for_display(&emitted).unwrap_or_default();
-        let stable = text.trim_end_matches('\u{FFFD}');
-        if let Some(new) = stable.strip_prefix(shown.as_str()) {
-            let _ = stdout.write_all(new.as_bytes());
-            let _ = stdout.flush();
-            shown = stable.to_string();
-        }
-        if a.stop.iter().any(|s| shown.contains(s.as_str())) {
+        stream.push(&engine, tok);
+        if a.stop.iter().any(|s| stream.shown.contains(s.as_str())) {
             stopped_by_string = true;
         }
     })?;

@@ -63,6 +63,18 @@ pub struct LoadOptions {
     pub max_kv_bytes: usize,
     /// Where packed weights are cached (`None`: pack in memory on every load, write nothing).
     pub cache: Option<ArtifactStore>,
+    /// Told `(layers packed, layers)` as a cold or uncached load packs its layers (for a progress bar).
+    pub progress: Option<PackProgress>,
+}
+
+/// A callback told `(done, total)` as layers are packed; called from the packing threads.
+#[derive(Clone)]
+pub struct PackProgress(pub Arc<dyn Fn(usize, usize) + Send + Sync>);
+
+impl std::fmt::Debug for PackProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PackProgress")
+    }
 }
 
 impl Default for LoadOptions {
@@ -74,6 +86,7 @@ impl Default for LoadOptions {
             context: 2048,
             max_kv_bytes: 4 << 30,
             cache: Some(ArtifactStore::from_env()),
+            progress: None,
         }
     }
 }
@@ -166,7 +179,7 @@ impl Engine {
                 let mut built = false;
                 let (artifact, w) = store.get_or_build(&key, || {
                     built = true;
-                    Model::pack(&cfg, &ckpt, numerics, format.as_ref())
+                    Model::pack(&cfg, &ckpt, numerics, format.as_ref(), opts.progress.as_ref().map(|p| &*p.0))
                 })?;
                 warnings.extend(w);
                 let (source, from) = match artifact {
@@ -384,6 +397,192 @@ fn artifact_key(
     let source =
         SourceIdentity::of_files(&ckpt.files(), Some(&index)).map_err(|e| Error::new("checkpoint", e.to_string()))?;
     Ok(ArtifactKey::new(quantization, plan, features, source))
+}
+
+/// What `int4 info` says about a model directory, without loading its weights.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ModelInfo {
+    /// `LlamaForCausalLM`-style architecture and its shape.
+    pub architecture: String,
+    /// Decoder layers, hidden size, heads, KV heads, head dim, intermediate size, vocabulary.
+    pub shape: serde_json::Value,
+    /// Whether the head is tied to the embedding.
+    pub tied_head: bool,
+    /// Safetensors files and how many tensors of each dtype they hold.
+    pub files: Vec<String>,
+    /// Tensor count per dtype.
+    pub dtypes: std::collections::BTreeMap<String, usize>,
+    /// The normalised quantization config (`method: none` for an unquantized checkpoint).
+    pub quantization: serde_json::Value,
+    /// Per linear kind (`qkv`, `o_proj`, `gate_up`, `down`, `lm_head`): how the checkpoint stores it and
+    /// what loading does with it.
+    pub layers: Vec<(String, String)>,
+    /// The plan this machine would run it with.
+    pub plan: Option<Plan>,
+    /// Whether the artifact cache holds its packed weights for that plan.
+    pub cached: Option<bool>,
+    /// Warnings a load would print.
+    pub warnings: Vec<String>,
+}
+
+impl Engine {
+    /// Describes the model in `dir` as `opts` would load it: architecture, tensor formats, how each kind
+    /// of layer is stored and will run, the plan, and whether its packed artifact is cached. Reads
+    /// headers and hashes (or recalls) the checkpoint, but quantizes nothing.
+    pub fn describe(dir: &Path, opts: &LoadOptions) -> Result<ModelInfo> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path)
+            .map_err(|e| Error::new(cfg_path.display().to_string(), e.to_string()))?;
+        let cfg = ModelConfig::from_json(&text)?;
+        let quantization = read_quantization_config(dir, &cfg)?;
+        let format = QuantFormat::from_config(&quantization)?;
+        let kind = format.as_ref().map_or(CheckpointKind::Bf16, QuantFormat::checkpoint_kind);
+        let group = format.as_ref().map_or(opts.group_size, QuantFormat::group);
+        let (numerics, plan) = numerics_for(opts, kind, group)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let mut dtypes = std::collections::BTreeMap::new();
+        for (_, d) in ckpt.tensors() {
+            *dtypes.entry(d).or_insert(0) += 1;
+        }
+        let specs = crate::model::linear_specs(&cfg, &ckpt);
+        let kinds = ["qkv", "o_proj", "gate_up", "down_proj", "lm_head"];
+        let layers = kinds
+            .iter()
+            .filter_map(|k| specs.iter().find(|s| s.name.ends_with(k)))
+            .map(|s| {
+                let stored = match &format {
+                    Some(f) if s.quantized_in(&ckpt, f) => {
+                        format!("{} 4-bit, group {}", quantization.method, f.group().to_checkpoint())
+                    }
+                    _ => format!("unquantized {}", s.dtype(&ckpt).unwrap_or_default()),
+                };
+                let run = match numerics {
+                    Numerics::F32 => "dequantized to f32".to_string(),
+                    Numerics::Bf16 => "as bf16".to_string(),
+                    _ if stored.starts_with("unquantized") => {
+                        format!("quantized at load (round to nearest, group {})", group.to_checkpoint())
+                    }
+                    _ => "packed as stored".to_string(),
+                };
+                let name = s.name.rsplit('.').next().unwrap_or(&s.name).to_string();
+                (format!("{name} [{}×{}]", s.n, s.k), format!("{stored}; {run}"))
+            })
+            .collect();
+        let cached = match (&plan, &opts.cache) {
+            (Some(p), Some(store)) if numerics.is_packed() => {
+                let key = artifact_key(p, &quantization, group, &ckpt, store)?;
+                Some(matches!(store.load(&key), int4_cache::Lookup::Hit(_)))
+            }
+            _ => None,
+        };
+        let mut warnings = quantization.warnings.clone();
+        warnings.extend(Model::load_notes(&cfg, &ckpt, numerics, format.as_ref()));
+        Ok(ModelInfo {
+            architecture: format!("{:?}", cfg.arch),
+            shape: serde_json::json!({
+                "layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
+                "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "intermediate": cfg.intermediate_size,
+                "vocab": cfg.vocab_size,
+            }),
+            tied_head: cfg.tie_word_embeddings,
+            files: ckpt.files().iter().map(|f| f.display().to_string()).collect(),
+            dtypes,
+            quantization: serde_json::to_value(&quantization).unwrap_or_default(),
+            layers,
+            plan,
+            cached,
+            warnings,
+        })
+    }
+
+    /// Generates for several prompts at once: each prompt is prefilled on its own, then every sequence
+    /// still running decodes in one batch per step (the linears read their weights once per step for all
+    /// of them). `on_token(i, id)` sees sequence `i`'s tokens as they come. With greedy sampling each
+    /// sequence's tokens are those [`Engine::generate`] gives it alone, while the batch stays below the
+    /// prefill threshold; a seeded sampler draws from its own stream per sequence (seed + index).
+    pub fn generate_batch(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        sampling: SamplingConfig,
+        mut on_token: impl FnMut(usize, u32),
+    ) -> Result<Vec<Generation>> {
+        let n = prompts.len();
+        let mut caches = (0..n).map(|_| self.new_cache()).collect::<Result<Vec<_>>>()?;
+        let mut samplers: Vec<Sampler> = (0..n)
+            .map(|i| Sampler::new(SamplingConfig { seed: sampling.seed.wrapping_add(i as u64), ..sampling }))
+            .collect();
+        let mut logits = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(n);
+        for (prompt, cache) in prompts.iter().zip(&mut caches) {
+            if prompt.is_empty() || prompt.len() > cache.capacity() {
+                return Err(Error::new("prompt", format!("{} tokens: empty, or more than the context", prompt.len())));
+            }
+            let t = Instant::now();
+            let mut l = Vec::new();
+            for chunk in prompt.chunks(PREFILL_CHUNK) {
+                l = self.model.forward(chunk, cache, false)?;
+            }
+            out.push(Generation {
+                tokens: Vec::new(),
+                prefill: t.elapsed(),
+                decode: Duration::ZERO,
+                stop: StopReason::MaxTokens,
+                first_logits: l.clone(),
+            });
+            logits.push(l);
+        }
+        let eos = &self.model.config().eos_token_ids;
+        let vocab = self.model.config().vocab_size;
+        let mut running: Vec<usize> = (0..n).collect();
+        let t = Instant::now();
+        while !running.is_empty() {
+            let mut next_ids = Vec::with_capacity(running.len());
+            let mut still = Vec::with_capacity(running.len());
+            for &i in &running {
+                if out[i].tokens.len() >= max_new {
+                    out[i].stop = StopReason::MaxTokens;
+                    continue;
+                }
+                let id = samplers[i].sample(&logits[i]);
+                out[i].tokens.push(id);
+                on_token(i, id);
+                if eos.contains(&id) {
+                    out[i].stop = StopReason::Eos;
+                } else if out[i].tokens.len() >= max_new {
+                    out[i].stop = StopReason::MaxTokens;
+                } else if caches[i].len() >= caches[i].capacity() {
+                    out[i].stop = StopReason::ContextFull;
+                } else {
+                    next_ids.push(id);
+                    still.push(i);
+                }
+            }
+            running = still;
+            if running.is_empty() {
+                break;
+            }
+            let mut batch: Vec<&mut KvCache> = Vec::with_capacity(running.len());
+            let mut rest: &mut [KvCache] = &mut caches;
+            let mut base = 0;
+            for &i in &running {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - base);
+                let (first, tail) = tail.split_first_mut().expect("running indices are in range");
+                batch.push(first);
+                rest = tail;
+                base = i + 1;
+            }
+            let step = self.model.forward_batch(&next_ids, &mut batch)?;
+            for (j, &i) in running.iter().enumerate() {
+                logits[i] = step[j * vocab..(j + 1) * vocab].to_vec();
+            }
+        }
+        let decode = t.elapsed();
+        for g in &mut out {
+            g.decode = decode;
+        }
+        Ok(out)
+    }
 }
 
 /// The numerics for a load: the policy's plan for the 4-bit paths, or the dense ones.

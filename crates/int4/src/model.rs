@@ -152,6 +152,17 @@ impl LinearSpec {
         QuantLinear::stack(parts, &self.name).map(Some)
     }
 
+    /// Whether the checkpoint stores every part of this layer quantized in `format`.
+    pub fn quantized_in(&self, ckpt: &Checkpoint, format: &QuantFormat) -> bool {
+        self.parts.iter().all(|(t, _)| format.stores(ckpt, t.strip_suffix(".weight").unwrap_or(t)))
+    }
+
+    /// The dtype of the first part's unquantized tensor, if stored so.
+    pub fn dtype(&self, ckpt: &Checkpoint) -> Option<String> {
+        let first = &self.parts.first()?.0;
+        ckpt.tensors().into_iter().find(|(n, _)| n == first).map(|(_, d)| d)
+    }
+
     /// The bias, if the architecture has one here.
     pub fn bias(&self, ckpt: &Checkpoint) -> Result<Option<Vec<f32>>> {
         let Some(parts) = &self.bias else { return Ok(None) };
@@ -202,13 +213,22 @@ impl Model {
         ckpt: &Checkpoint,
         numerics: Numerics,
         format: Option<&QuantFormat>,
+        progress: Option<&(dyn Fn(usize, usize) + Send + Sync)>,
     ) -> Result<Vec<(String, Vec<u8>)>> {
+        let specs = linear_specs(cfg, ckpt);
+        let done = std::sync::atomic::AtomicUsize::new(0);
         // Layers in parallel, each task holding one layer's f32 weights while it quantizes them.
-        let packed: Vec<Vec<(String, Vec<u8>)>> = linear_specs(cfg, ckpt)
+        let packed: Vec<Vec<(String, Vec<u8>)>> = specs
             .par_iter()
-            .map(|spec| match spec.quantized(ckpt, format)? {
-                Some(q) => Linear::pack_codes(&spec.name, q, numerics),
-                None => Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics),
+            .map(|spec| {
+                let sections = match spec.quantized(ckpt, format)? {
+                    Some(q) => Linear::pack_codes(&spec.name, q, numerics),
+                    None => Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics),
+                };
+                if let Some(report) = progress {
+                    report(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, specs.len());
+                }
+                sections
             })
             .collect::<Result<_>>()?;
         Ok(packed.into_iter().flatten().collect())
@@ -381,17 +401,56 @@ impl Model {
     /// Runs `tokens` (positions `cache.len()..`) through the model, appending to the cache, and returns the
     /// logits of the last token (`all_logits`: of every token, `[tokens][vocab]`).
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Vec<f32>> {
+        let seq = vec![0; tokens.len()];
+        let rows: Vec<usize> =
+            if all_logits { (0..tokens.len()).collect() } else { vec![tokens.len().saturating_sub(1)] };
+        self.forward_rows(tokens, &seq, &mut [cache], &rows)
+    }
+
+    /// One decode step for several sequences at once: `tokens[i]` continues the sequence in `caches[i]`.
+    /// The linears run all sequences as one batch of rows (each weight byte read once for all of them);
+    /// attention reads each sequence's own cache. Returns `[sequences][vocab]` logits. A row's result does
+    /// not depend on the other rows while the batch stays below the prefill threshold.
+    pub fn forward_batch(&self, tokens: &[u32], caches: &mut [&mut KvCache]) -> Result<Vec<f32>> {
+        if tokens.len() != caches.len() {
+            return Err(Error::new("batch", format!("{} tokens for {} sequences", tokens.len(), caches.len())));
+        }
+        let seq: Vec<usize> = (0..tokens.len()).collect();
+        self.forward_rows(tokens, &seq, caches, &seq)
+    }
+
+    /// Runs rows `tokens`, row `i` belonging to the sequence in `caches[seq[i]]` at that cache's next
+    /// position (rows of one sequence in order), and returns the logits of the rows in `out_rows`.
+    fn forward_rows(
+        &self,
+        tokens: &[u32],
+        seq: &[usize],
+        caches: &mut [&mut KvCache],
+        out_rows: &[usize],
+    ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let m = tokens.len();
         if m == 0 {
             return Err(Error::new("input", "no tokens to run"));
         }
-        let pos0 = cache.len;
-        if pos0 + m > cache.capacity {
-            return Err(Error::new(
-                "context",
-                format!("{} positions exceed the context of {} chosen for this session", pos0 + m, cache.capacity),
-            ));
+        // Each row's position: its cache's length plus the rows of the same sequence before it.
+        let mut next: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let mut pos = Vec::with_capacity(m);
+        for &s in seq {
+            pos.push(next[s]);
+            next[s] += 1;
+        }
+        let width = cfg.num_kv_heads * cfg.head_dim;
+        for (c, &end) in caches.iter().zip(&next) {
+            if c.k.len() != cfg.num_layers || c.width != width {
+                return Err(Error::new("KV cache", "was made for another model"));
+            }
+            if end > c.capacity {
+                return Err(Error::new(
+                    "context",
+                    format!("{end} positions exceed the context of {} chosen for this session", c.capacity),
+                ));
+            }
         }
         let (h, hd, nh, nkv) = (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
         let qkv_n = (nh + 2 * nkv) * hd;
@@ -415,7 +474,8 @@ impl Model {
             layer.qkv.forward(&normed, m, &mut qkv)?;
             for i in 0..m {
                 let row = &mut qkv[i * qkv_n..(i + 1) * qkv_n];
-                let pos = (pos0 + i) as f64;
+                let (cache, p) = (&mut *caches[seq[i]], pos[i]);
+                let pos = p as f64;
                 for head in 0..nh + nkv {
                     let v = &mut row[head * hd..(head + 1) * hd];
                     let norm = if head < nh { &layer.q_norm } else { &layer.k_norm };
@@ -432,10 +492,10 @@ impl Model {
                     }
                 }
                 let kw = nkv * hd;
-                cache.k[li][(pos0 + i) * kw..(pos0 + i + 1) * kw].copy_from_slice(&row[nh * hd..nh * hd + kw]);
-                cache.v[li][(pos0 + i) * kw..(pos0 + i + 1) * kw].copy_from_slice(&row[nh * hd + kw..nh * hd + 2 * kw]);
+                cache.k[li][p * kw..(p + 1) * kw].copy_from_slice(&row[nh * hd..nh * hd + kw]);
+                cache.v[li][p * kw..(p + 1) * kw].copy_from_slice(&row[nh * hd + kw..nh * hd + 2 * kw]);
             }
-            let (kc, vc) = (&cache.k[li], &cache.v[li]);
+            let caches_now: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
             let kw = nkv * hd;
             let ops = int4_kernels::vector::VectorOps::new();
             // Heads in parallel; each computes every query row of the chunk for its head.
@@ -444,10 +504,11 @@ impl Model {
                 .map(|head| {
                     let kvh = head / group;
                     let mut out = vec![0.0f32; m * hd];
-                    let mut scores = vec![0.0f32; pos0 + m];
+                    let mut scores = vec![0.0f32; pos.iter().max().map_or(0, |p| p + 1)];
                     for i in 0..m {
                         let q = &qkv[i * qkv_n + head * hd..i * qkv_n + (head + 1) * hd];
-                        let upto = pos0 + i + 1;
+                        let (kc, vc) = (&caches_now[seq[i]].k[li], &caches_now[seq[i]].v[li]);
+                        let upto = pos[i] + 1;
                         let mut max = f32::NEG_INFINITY;
                         for (p, s) in scores[..upto].iter_mut().enumerate() {
                             let k = &kc[p * kw + kvh * hd..p * kw + (kvh + 1) * hd];
@@ -493,8 +554,10 @@ impl Model {
                 *a += b;
             }
         }
-        cache.len = pos0 + m;
-        let rows: Vec<usize> = if all_logits { (0..m).collect() } else { vec![m - 1] };
+        for (c, end) in caches.iter_mut().zip(next) {
+            c.len = end;
+        }
+        let rows = out_rows;
         let mut hn = vec![0.0f32; rows.len() * h];
         for (j, &i) in rows.iter().enumerate() {
             rms_norm(&x[i * h..(i + 1) * h], &self.norm, cfg.rms_norm_eps, &mut hn[j * h..(j + 1) * h]);

@@ -92,6 +92,14 @@ impl Checkpoint {
         self.shards.iter().map(|s| s.path.clone()).collect()
     }
 
+    /// Every tensor's name and dtype (as safetensors spells it), sorted by name.
+    pub fn tensors(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> =
+            self.entries.iter().map(|(n, e)| (n.clone(), format!("{:?}", e.dtype))).collect();
+        v.sort();
+        v
+    }
+
     /// Whether the checkpoint has a tensor.
     pub fn has(&self, name: &str) -> bool {
         self.entries.contains_key(name)
