@@ -8,7 +8,7 @@
 //! 12  u32      0x01020304 written in the writer's byte order (a reader of the other order sees it swapped)
 //! 16  u64      header length H
 //! 24  H bytes  header JSON: key hash, the key's full canonical encoding, the section table
-//!              (name, offset, length), payload blake3
+//!              (name, offset, length), payload blake3 (over each section's name, length and bytes)
 //!     …        sections, each starting on a 64-byte boundary (so they map zero-copy and aligned)
 //! ```
 //!
@@ -40,8 +40,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{CacheError, CacheErrorKind};
 use crate::key::ArtifactKey;
 
-/// The artifact file format's version.
-pub const FORMAT_VERSION: u32 = 1;
+/// The artifact file format's version. 2: the payload hash covers section names and lengths.
+pub const FORMAT_VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"INT4ART\0";
 const ENDIAN_MARK: u32 = 0x0102_0304;
 const ALIGN: u64 = 64;
@@ -67,7 +67,7 @@ pub struct Header {
     pub canonical: String,
     /// The sections, in file order.
     pub sections: Vec<Section>,
-    /// blake3 of every section's bytes, in order, hex.
+    /// blake3 over every section (name, length and bytes), in order, hex.
     pub payload_blake3: String,
 }
 
@@ -107,7 +107,7 @@ impl MappedArtifact {
     pub fn payload_hash(&self) -> String {
         let mut h = blake3::Hasher::new();
         for s in &self.header.sections {
-            h.update_rayon(&self.map[s.offset as usize..(s.offset + s.len) as usize]);
+            hash_section(&mut h, &s.name, &self.map[s.offset as usize..(s.offset + s.len) as usize]);
         }
         h.finalize().to_hex().to_string()
     }
@@ -240,7 +240,7 @@ impl ArtifactStore {
         let mut table = Vec::new();
         let mut payload = blake3::Hasher::new();
         for (name, bytes) in sections {
-            payload.update_rayon(bytes);
+            hash_section(&mut payload, name, bytes);
             table.push(Section { name: name.clone(), offset: 0, len: bytes.len() as u64 });
         }
         let mut header = Header {
@@ -461,6 +461,15 @@ impl ArtifactStore {
     }
 }
 
+/// Adds one section to a payload hash: its name and length as well as its bytes, so a renamed or
+/// reordered section changes the hash too.
+fn hash_section(h: &mut blake3::Hasher, name: &str, bytes: &[u8]) {
+    h.update(&(name.len() as u64).to_le_bytes());
+    h.update(name.as_bytes());
+    h.update(&(bytes.len() as u64).to_le_bytes());
+    h.update_rayon(bytes);
+}
+
 /// `flock(fd, op)`; `true` on success.
 fn flock(f: &File, op: libc::c_int) -> bool {
     // SAFETY: `f` is an open file for the duration of the call, so its descriptor is valid; flock only
@@ -498,10 +507,18 @@ fn map_checked(file: File, path: &Path, expect: Option<(&str, &str)>) -> Result<
     }
     let header: Header = serde_json::from_slice(&map[24..24 + header_len as usize])
         .map_err(|e| corrupt(format!("header is not valid: {e}")))?;
+    if blake3::hash(header.canonical.as_bytes()).to_hex().as_str() != header.key {
+        return Err(corrupt("the header's canonical key does not hash to the key it names".into()));
+    }
     let mut end = 24 + header_len;
     for s in &header.sections {
         if s.offset % ALIGN != 0 || s.offset < end {
             return Err(corrupt(format!("section {} is misaligned or overlaps the one before it", s.name)));
+        }
+        // The alignment padding is zeros: a changed padding byte is damage too, and this keeps every byte
+        // of the file covered by some check (header, padding, or the payload hash).
+        if s.offset <= map.len() as u64 && map[end as usize..s.offset as usize].iter().any(|&b| b != 0) {
+            return Err(corrupt(format!("the padding before section {} is not zero", s.name)));
         }
         if s.offset.checked_add(s.len).is_none_or(|e| e > map.len() as u64) {
             return Err(corrupt(format!(

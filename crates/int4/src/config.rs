@@ -147,7 +147,7 @@ impl ModelConfig {
                 return Err(Error::new("config.json", format!("rope scaling type {other} is not supported")));
             }
         };
-        Ok(ModelConfig {
+        let cfg = ModelConfig {
             arch,
             hidden_size,
             intermediate_size: get_usize(&v, "intermediate_size")?,
@@ -164,7 +164,46 @@ impl ModelConfig {
             eos_token_ids: ids(v.get("eos_token_id")),
             bos_token_id: ids(v.get("bos_token_id")).first().copied(),
             quantization_config: v.get("quantization_config").cloned(),
-        })
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Refuses sizes no real model has before anything is allocated from them: a hostile or mistyped
+    /// config must be an error, not an overflow or an attempt to allocate terabytes.
+    fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::new("config.json", what));
+        for (name, v, max) in [
+            ("hidden_size", self.hidden_size, 1 << 18),
+            ("intermediate_size", self.intermediate_size, 1 << 20),
+            ("num_hidden_layers", self.num_layers, 1 << 12),
+            ("num_attention_heads", self.num_heads, 1 << 12),
+            ("head_dim", self.head_dim, 1 << 12),
+            ("vocab_size", self.vocab_size, 1 << 22),
+        ] {
+            if v == 0 || v > max {
+                return bad(format!("{name} = {v} is outside what int4 supports (1..={max})"));
+            }
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim = {} is odd: RoPE rotates pairs of dimensions", self.head_dim));
+        }
+        let finite = self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0;
+        if !(finite && self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad("rms_norm_eps and rope_theta must be finite (and rope_theta positive)".into());
+        }
+        if let Some(r) = self.rope_llama3 {
+            let ok = [r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings]
+                .iter()
+                .all(|x| x.is_finite() && *x > 0.0)
+                && r.high_freq_factor != r.low_freq_factor;
+            if !ok {
+                return bad(
+                    "llama3 rope scaling needs positive factors and distinct high and low frequency factors".into()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The RoPE inverse frequencies (`head_dim / 2` of them), with Llama 3 scaling applied if configured.

@@ -194,7 +194,18 @@ impl Engine {
                     }
                     Artifact::InMemory { sections, .. } => (Sections::owned(sections), PackedFrom::InMemory),
                 };
-                (Model::load(cfg, &ckpt, numerics, Some(&|name: &str| source.get(name)), format.as_ref())?, from)
+                match Model::load(cfg.clone(), &ckpt, numerics, Some(&|name: &str| source.get(name)), format.as_ref()) {
+                    Ok(m) => (m, from),
+                    // A cached artifact that passed its checks but cannot build the model (a section
+                    // missing or of the wrong size) is damaged: pack in memory instead, and say so. A
+                    // freshly packed one failing is a real error.
+                    Err(e) if matches!(from, PackedFrom::Cache(_)) => {
+                        warnings.push(format!("cached artifact not used ({e}); packed in memory instead"));
+                        drop(source);
+                        (Model::load(cfg, &ckpt, numerics, None, format.as_ref())?, PackedFrom::Uncached)
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             _ => {
                 let from = if numerics.is_packed() { PackedFrom::Uncached } else { PackedFrom::NotPacked };
