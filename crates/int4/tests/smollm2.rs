@@ -4,24 +4,14 @@
 //!
 //! Without the model the tests fail under `CI=true` (CI fetches it first) and report a skip otherwise.
 
+mod common;
+
 use int4::engine::{Engine, LoadOptions, RunPath};
 use int4::sampling::SamplingConfig;
 use serde_json::Value;
 
 fn model_dir() -> Option<std::path::PathBuf> {
-    let dir = int4::convert::default_model_dir()?;
-    if dir.join("int4-source.json").exists() {
-        return Some(dir);
-    }
-    let msg = format!("default model not found at {}: run `cargo xtask fetch-model`", dir.display());
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
-    eprintln!("SKIPPED: {msg}");
-    let path = concat!(env!("CARGO_TARGET_TMPDIR"), "/int4-test-skips.txt");
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-        use std::io::Write;
-        let _ = writeln!(f, "int4 smollm2: SKIPPED ({msg})");
-    }
-    None
+    common::default_model_or_skip("smollm2")
 }
 
 fn fixture() -> Value {

@@ -81,3 +81,21 @@ pub fn tiny_model_with(name: &str, edit: impl Fn(&str, Vec<f32>) -> Vec<f32>) ->
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
     dir
 }
+
+/// The converted default model, or `None` with the skip printed and recorded (a failure under `CI=true`,
+/// where `cargo xtask ci` fetches the model first, so a missing one is a broken setup).
+pub fn default_model_or_skip(test: &str) -> Option<PathBuf> {
+    let dir = int4::convert::default_model_dir()?;
+    if dir.join("int4-source.json").exists() {
+        return Some(dir);
+    }
+    let msg = format!("default model not found at {}: run `cargo xtask fetch-model`", dir.display());
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+    eprintln!("SKIPPED: {msg}");
+    let path = concat!(env!("CARGO_TARGET_TMPDIR"), "/int4-test-skips.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        use std::io::Write;
+        let _ = writeln!(f, "int4 {test}: SKIPPED ({msg})");
+    }
+    None
+}
