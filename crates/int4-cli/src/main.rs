@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use int4::engine::{Engine, LoadOptions, PackProgress, PackedFrom, RunPath};
+use int4::engine::{Engine, LoadOptions, Next, PackProgress, PackedFrom, RunPath};
 use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
@@ -394,15 +394,16 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         (false, Some(t)) => SamplingConfig { temperature: t, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
     };
     let mut stream = Streamer::new();
-    let mut stopped_by_string = false;
     let out = engine.generate(&prompt_ids, a.max_new_tokens, sampling, |tok| {
-        if stopped_by_string || a.json {
-            return;
-        }
-        stream.push(&engine, tok);
-        if a.stop.iter().any(|s| stream.shown.contains(s.as_str())) {
-            stopped_by_string = true;
-        }
+        // Stop strings are looked for in the decoded text, whether or not it is being printed.
+        let seen = if a.json {
+            stream.ids.push(tok);
+            engine.text.decode_for_display(&stream.ids).unwrap_or_default()
+        } else {
+            stream.push(&engine, tok);
+            stream.shown.clone()
+        };
+        if a.stop.iter().any(|s| seen.contains(s.as_str())) { Next::Stop } else { Next::Continue }
     })?;
     let kernels = engine.model.kernels(prompt_ids.len());
     let prefill_tps = prompt_ids.len() as f64 / out.prefill.as_secs_f64();

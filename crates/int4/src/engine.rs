@@ -115,6 +115,24 @@ pub enum StopReason {
     MaxTokens,
     /// The session's context is full.
     ContextFull,
+    /// The token callback asked to stop (for example, a stop string appeared).
+    Stopped,
+}
+
+/// What a token callback tells the generator: go on, or stop after this token. A callback returning `()`
+/// always goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Keep generating.
+    Continue,
+    /// Stop after this token.
+    Stop,
+}
+
+impl From<()> for Next {
+    fn from((): ()) -> Self {
+        Next::Continue
+    }
 }
 
 /// A generation's result.
@@ -234,26 +252,27 @@ impl Engine {
         self.model.kv_cache(self.context, self.max_kv_bytes)
     }
 
-    /// Generates up to `max_new` tokens after `prompt` in a fresh cache; `on_token` sees each as it comes.
-    pub fn generate(
+    /// Generates up to `max_new` tokens after `prompt` in a fresh cache; `on_token` sees each as it comes
+    /// and may return [`Next::Stop`] to end the generation there (a closure returning `()` never does).
+    pub fn generate<R: Into<Next>>(
         &self,
         prompt: &[u32],
         max_new: usize,
         sampling: SamplingConfig,
-        on_token: impl FnMut(u32),
+        on_token: impl FnMut(u32) -> R,
     ) -> Result<Generation> {
         let mut cache = self.new_cache()?;
         self.generate_in(&mut cache, prompt, max_new, sampling, on_token)
     }
 
     /// As [`Engine::generate`], continuing in `cache` (a chat keeps its cache across turns).
-    pub fn generate_in(
+    pub fn generate_in<R: Into<Next>>(
         &self,
         cache: &mut KvCache,
         prompt: &[u32],
         max_new: usize,
         sampling: SamplingConfig,
-        mut on_token: impl FnMut(u32),
+        mut on_token: impl FnMut(u32) -> R,
     ) -> Result<Generation> {
         if prompt.is_empty() {
             return Err(Error::new("prompt", "is empty: nothing to continue"));
@@ -286,9 +305,12 @@ impl Engine {
             }
             let next = sampler.sample(&logits);
             tokens.push(next);
-            on_token(next);
+            let flow: Next = on_token(next).into();
             if eos.contains(&next) {
                 break StopReason::Eos;
+            }
+            if flow == Next::Stop {
+                break StopReason::Stopped;
             }
             if tokens.len() >= max_new {
                 break StopReason::MaxTokens;

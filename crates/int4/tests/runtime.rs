@@ -212,3 +212,27 @@ fn batched_decoding_equals_each_sequence_alone() {
         }
     }
 }
+
+/// A callback can stop generation after any token (how stop strings end a run), and a full context is a
+/// stop reason, not an error.
+#[test]
+fn a_callback_stops_generation_and_a_full_context_is_a_stop_reason() {
+    use int4::engine::{Engine, LoadOptions, Next, RunPath, StopReason};
+    use int4::sampling::SamplingConfig;
+    let dir = tiny_model("stop");
+    let e = Engine::load(&dir, &LoadOptions { path: RunPath::F32, context: 16, cache: None, ..LoadOptions::default() })
+        .unwrap();
+    let mut n = 0;
+    let out = e
+        .generate(&[5, 6], 10, SamplingConfig::greedy(), |_| {
+            n += 1;
+            if n == 3 { Next::Stop } else { Next::Continue }
+        })
+        .unwrap();
+    assert!(out.stop == StopReason::Stopped && out.tokens.len() == 3 || out.stop == StopReason::Eos, "{out:?}");
+    let full = e.generate(&PROMPT, 100, SamplingConfig::greedy(), |_| {}).unwrap();
+    assert!(matches!(full.stop, StopReason::ContextFull | StopReason::Eos), "{full:?}");
+    assert!(full.tokens.len() <= 16 - PROMPT.len() + 1);
+    assert!(e.generate(&[1; 17], 1, SamplingConfig::greedy(), |_| {}).is_err(), "a prompt longer than the context");
+    assert!(e.generate(&[], 1, SamplingConfig::greedy(), |_| {}).is_err(), "an empty prompt");
+}
