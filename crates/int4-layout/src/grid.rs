@@ -325,7 +325,7 @@ mod round_code_tests {
         let mut xs: Vec<f32> = (-80..=200).map(|i| i as f32 * 0.25).collect();
         for t in -4..=40 {
             let tie = t as f32 * 0.5;
-            xs.extend([f32::from_bits(tie.to_bits() - 1), f32::from_bits(tie.to_bits() + 1)]);
+            xs.extend([tie.next_down(), tie.next_up()]);
         }
         xs.extend([f32::MAX, f32::MIN, 1e-30, -1e-30, 0.0, -0.0, 7.499_999_5, 8.500_001]);
         for x in xs {
