@@ -391,7 +391,8 @@ fn read_quantization_config(dir: &Path, cfg: &ModelConfig) -> Result<NormalizedC
         }
         None => None,
     };
-    normalize(raw.as_ref()).map_err(|e| Error::new("quantization_config", e.to_string()))
+    let source = if cfg.quantization_config.is_some() { dir.join("config.json") } else { side };
+    normalize(raw.as_ref()).map_err(|e| Error::new(source.display().to_string(), e.to_string()))
 }
 
 /// The key of the artifact a load produces: the checkpoint's quantization (for an unquantized one, the

@@ -243,17 +243,27 @@ impl Model {
         format: Option<&QuantFormat>,
     ) -> Vec<String> {
         let (Some(f), true) = (format, numerics.is_packed()) else { return Vec::new() };
-        linear_specs(cfg, ckpt)
+        let specs = linear_specs(cfg, ckpt);
+        let plain: Vec<&str> = specs
             .iter()
             .filter(|s| s.parts.iter().all(|(t, _)| !f.stores(ckpt, t.strip_suffix(".weight").unwrap_or(t))))
-            .map(|s| {
-                format!(
-                    "{} is not quantized in the checkpoint: it is quantized at load (round to nearest, group {})",
-                    s.name,
-                    f.group().to_checkpoint()
-                )
-            })
-            .collect()
+            .map(|s| s.name.as_str())
+            .collect();
+        let how = format!("quantized at load (round to nearest, group {})", f.group().to_checkpoint());
+        match plain.as_slice() {
+            [] => Vec::new(),
+            [one] => vec![format!("{one} is not quantized in the checkpoint: it is {how}")],
+            many if many.len() == specs.len() => vec![format!(
+                "none of the {} linear layers is quantized in the checkpoint, although its quantization_config says \
+                 so: all are {how}",
+                many.len()
+            )],
+            many => vec![format!(
+                "{} linear layers ({}, …) are not quantized in the checkpoint: they are {how}",
+                many.len(),
+                many[..2].join(", ")
+            )],
+        }
     }
 
     /// Loads the checkpoint's weights into layers run by `numerics`. For packed numerics, `packed` gives
