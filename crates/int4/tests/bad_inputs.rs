@@ -158,6 +158,16 @@ fn every_bad_input_in_the_table_gives_its_error() {
             "KV cache",
         ),
         ("a model directory that does not exist", load_err(&ok.join("nowhere"), RunPath::F32), "config.json"),
+        (
+            "a KV cache made for another model",
+            {
+                let one_layer = with_config("bad-layers", |c| c["num_hidden_layers"] = 1.into());
+                let other = Engine::load(&one_layer, &opts(RunPath::F32)).unwrap();
+                let mut kv = other.new_cache().unwrap();
+                engine.model.forward(&[1], &mut kv, false).map(|_| String::new()).unwrap_or_else(|e| e.to_string())
+            },
+            "was made for another model",
+        ),
     ];
     let mut failures = Vec::new();
     for (case, got, want) in &rows {
@@ -167,4 +177,44 @@ fn every_bad_input_in_the_table_gives_its_error() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A layer whose N is not a multiple of 16 (a vocabulary of 90) runs on the padded 4-bit layout and gives
+/// the same logits as the fallback, which needs no padding (both quantize the same way at load).
+#[test]
+fn a_vocabulary_not_a_multiple_of_16_is_padded_and_dropped() {
+    use int4::weights::Checkpoint;
+    use safetensors::tensor::{Dtype, TensorView};
+    let src = tiny_model("bad-vocab-src");
+    let ckpt = Checkpoint::open(&src).unwrap();
+    let dir = std::env::temp_dir().join(format!("int4-bad-{}-vocab90", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = ckpt
+        .tensors()
+        .into_iter()
+        .map(|(name, _)| {
+            let mut shape = ckpt.shape(&name).unwrap().to_vec();
+            let mut v = ckpt.f32(&name, &shape).unwrap();
+            if name == "model.embed_tokens.weight" {
+                v.truncate(90 * shape[1]);
+                shape[0] = 90;
+            }
+            (name, shape, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        })
+        .collect();
+    let views: std::collections::HashMap<String, TensorView<'_>> =
+        tensors.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(&views, None, &dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("config.json"), CONFIG.replace("\"vocab_size\": 96", "\"vocab_size\": 90")).unwrap();
+    std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let logits = |path| {
+        let e = Engine::load(&dir, &opts(path)).unwrap();
+        let mut kv = e.new_cache().unwrap();
+        e.model.forward(&[1, 17, 33, 5, 89], &mut kv, true).unwrap()
+    };
+    let (w4, fallback) = (logits(RunPath::W4a16), logits(RunPath::Wna16));
+    assert_eq!(w4.len(), 5 * 90);
+    let scale = fallback.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let worst = w4.iter().zip(&fallback).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(worst <= 1e-5 * scale, "padded W4A16 differs from the fallback by {worst} (scale {scale})");
 }
