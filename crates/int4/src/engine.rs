@@ -181,7 +181,8 @@ impl Engine {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path)
             .map_err(|e| Error::new(cfg_path.display().to_string(), e.to_string()))?;
-        let cfg = ModelConfig::from_json(&text)?;
+        let mut cfg = ModelConfig::from_json(&text)?;
+        add_generation_eos(dir, &mut cfg)?;
         let mut warnings = Vec::new();
         let quantization = read_quantization_config(dir, &cfg)?;
         warnings.extend(quantization.warnings.iter().cloned());
@@ -371,6 +372,26 @@ fn release_freed_memory() {
 fn is_default_model(dir: &Path) -> bool {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     crate::convert::default_model_dir().is_some_and(|d| canon(&d).is_some() && canon(&d) == canon(dir))
+}
+
+/// Adds the end-of-sequence ids of `generation_config.json`, if the directory has one, to those of
+/// `config.json` (instruction-tuned models often list their end-of-turn tokens only there).
+fn add_generation_eos(dir: &Path, cfg: &mut ModelConfig) -> Result<()> {
+    let path = dir.join("generation_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::new(path.display().to_string(), format!("not valid JSON: {e}")))?;
+    let ids: Vec<u32> = match v.get("eos_token_id") {
+        Some(serde_json::Value::Number(n)) => n.as_u64().into_iter().map(|x| x as u32).collect(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(serde_json::Value::as_u64).map(|x| x as u32).collect(),
+        _ => Vec::new(),
+    };
+    for id in ids {
+        if !cfg.eos_token_ids.contains(&id) {
+            cfg.eos_token_ids.push(id);
+        }
+    }
+    Ok(())
 }
 
 /// The checkpoint's normalised quantization config: `config.json`'s `quantization_config`, else a

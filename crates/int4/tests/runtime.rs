@@ -236,3 +236,52 @@ fn a_callback_stops_generation_and_a_full_context_is_a_stop_reason() {
     assert!(e.generate(&[1; 17], 1, SamplingConfig::greedy(), |_| {}).is_err(), "a prompt longer than the context");
     assert!(e.generate(&[], 1, SamplingConfig::greedy(), |_| {}).is_err(), "an empty prompt");
 }
+
+/// A checkpoint split into shards with an index loads the same model as the single file, and the
+/// end-of-sequence ids of `generation_config.json` join those of `config.json`.
+#[test]
+fn sharded_checkpoints_and_generation_config_eos() {
+    use int4::engine::{Engine, LoadOptions, RunPath};
+    let single = tiny_model("shards-single");
+    let ckpt = Checkpoint::open(&single).unwrap();
+    let dir = std::env::temp_dir().join(format!("int4-tiny-{}-sharded", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(single.join(f), dir.join(f)).unwrap();
+    }
+    let names: Vec<String> = ckpt.tensors().into_iter().map(|(n, _)| n).collect();
+    let mut weight_map = serde_json::Map::new();
+    for (shard, chunk) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", shard + 1);
+        let data: Vec<(String, Vec<usize>, Vec<u8>)> = chunk
+            .iter()
+            .map(|n| {
+                let shape = ckpt.shape(n).unwrap().to_vec();
+                let v = ckpt.f32(n, &shape).unwrap();
+                (n.clone(), shape, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            })
+            .collect();
+        let views: std::collections::HashMap<String, safetensors::tensor::TensorView<'_>> = data
+            .iter()
+            .map(|(n, s, d)| {
+                (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())
+            })
+            .collect();
+        safetensors::serialize_to_file(&views, None, &dir.join(&file)).unwrap();
+        for n in chunk {
+            weight_map.insert(n.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [2, 7]}"#).unwrap();
+    let opts = LoadOptions { path: RunPath::W4a16, context: 32, cache: None, ..LoadOptions::default() };
+    let (a, b) = (Engine::load(&single, &opts).unwrap(), Engine::load(&dir, &opts).unwrap());
+    let run = |e: &Engine| {
+        let mut kv = e.new_cache().unwrap();
+        e.model.forward(&PROMPT, &mut kv, true).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    assert_eq!(run(&a), run(&b));
+    assert_eq!(b.model.config().eos_token_ids, vec![2, 7]);
+    assert_eq!(a.model.config().eos_token_ids, vec![2]);
+}
