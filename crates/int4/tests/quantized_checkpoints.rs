@@ -285,3 +285,19 @@ fn bad_quantized_checkpoints_are_clear_errors() {
         try_config(&|c| c["quantization_config"]["checkpoint_format"] = "marlin".into()).contains("checkpoint_format")
     );
 }
+
+/// An older GPTQ export keeps its settings in `quantize_config.json` (without `quant_method`) rather than
+/// in `config.json`: it loads the same model.
+#[test]
+fn quantize_config_json_is_read_when_config_json_has_none() {
+    let (quant, _) = checkpoints("sidecar", Format::GptqAsymV2, false);
+    let want = logits(&engine(&quant, RunPath::W4a16, None));
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(quant.join("config.json")).unwrap()).unwrap();
+    let mut q = config.as_object_mut().unwrap().remove("quantization_config").unwrap();
+    q.as_object_mut().unwrap().remove("quant_method");
+    std::fs::write(quant.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(quant.join("quantize_config.json"), q.to_string()).unwrap();
+    let e = engine(&quant, RunPath::W4a16, None);
+    assert_eq!(logits(&e), want);
+}
