@@ -51,15 +51,8 @@ enum Command {
 struct ChatArgs {
     /// A Hugging Face model directory.
     model_dir: PathBuf,
-    /// Which numerics to run.
-    #[arg(long, value_enum, default_value = "auto")]
-    path: PathArg,
-    /// Speed or fidelity.
-    #[arg(long, default_value = "speed")]
-    priority: String,
-    /// Worker threads (default: every core).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    run: RunArgs,
     /// A system message to start the conversation with.
     #[arg(long)]
     system: Option<String>,
@@ -75,9 +68,6 @@ struct ChatArgs {
     /// The conversation's context (KV cache positions).
     #[arg(long, default_value_t = 4096)]
     context: usize,
-    /// Pack the weights in memory and neither read nor write the artifact cache.
-    #[arg(long)]
-    no_cache: bool,
 }
 
 #[derive(clap::Args)]
@@ -113,15 +103,8 @@ struct GenerateArgs {
     /// Apply the chat template (the prompt is the user's message).
     #[arg(long)]
     chat: bool,
-    /// Which numerics to run.
-    #[arg(long, value_enum, default_value = "auto")]
-    path: PathArg,
-    /// Speed or fidelity (decides whether int8 activations are acceptable).
-    #[arg(long, default_value = "speed")]
-    priority: String,
-    /// Worker threads (default: every core).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    run: RunArgs,
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
@@ -152,6 +135,20 @@ struct GenerateArgs {
     /// The session's context (KV cache positions).
     #[arg(long, default_value_t = 2048)]
     context: usize,
+}
+
+/// How a loaded model runs: the options `generate` and `chat` share.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Which numerics to run.
+    #[arg(long, value_enum, default_value = "auto")]
+    path: PathArg,
+    /// Speed or fidelity (decides whether int8 activations are acceptable).
+    #[arg(long, default_value = "speed")]
+    priority: String,
+    /// Worker threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Pack the weights in memory and neither read nor write the artifact cache.
     #[arg(long)]
     no_cache: bool,
@@ -304,8 +301,9 @@ fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
-    start_threads(a.threads)?;
-    let engine = Engine::load(&a.model_dir, &load_options(a.path, priority(&a.priority)?, a.context, a.no_cache))?;
+    start_threads(a.run.threads)?;
+    let opts = load_options(a.run.path, priority(&a.run.priority)?, a.context, a.run.no_cache);
+    let engine = Engine::load(&a.model_dir, &opts)?;
     for w in &engine.warnings {
         eprintln!("[int4] warning: {w}");
     }
@@ -370,8 +368,8 @@ fn rss_anon_mib() -> Option<f64> {
 }
 
 fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
-    start_threads(a.threads)?;
-    let opts = load_options(a.path, priority(&a.priority)?, a.context, a.no_cache);
+    start_threads(a.run.threads)?;
+    let opts = load_options(a.run.path, priority(&a.run.priority)?, a.context, a.run.no_cache);
     let engine = Engine::load(&a.model_dir, &opts)?;
     for w in &engine.warnings {
         eprintln!("[int4] warning: {w}");
