@@ -228,6 +228,16 @@ fn load_options(path: PathArg, priority: Priority, context: usize, no_cache: boo
     opts
 }
 
+/// Starts the thread pool, loads the model and prints the load's warnings.
+fn load_engine(dir: &std::path::Path, run: &RunArgs, context: usize) -> Result<Engine, Box<dyn std::error::Error>> {
+    start_threads(run.threads)?;
+    let engine = Engine::load(dir, &load_options(run.path, priority(&run.priority)?, context, run.no_cache))?;
+    for w in &engine.warnings {
+        eprintln!("[int4] warning: {w}");
+    }
+    Ok(engine)
+}
+
 /// How a load's packed weights were obtained, in words.
 fn packed_from(e: &Engine) -> String {
     match &e.packed_from {
@@ -301,12 +311,7 @@ fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
-    start_threads(a.run.threads)?;
-    let opts = load_options(a.run.path, priority(&a.run.priority)?, a.context, a.run.no_cache);
-    let engine = Engine::load(&a.model_dir, &opts)?;
-    for w in &engine.warnings {
-        eprintln!("[int4] warning: {w}");
-    }
+    let engine = load_engine(&a.model_dir, &a.run, a.context)?;
     eprintln!(
         "[int4] load {:.2} s ({}); type a message, /reset to start over, an empty line to quit",
         engine.load_time.as_secs_f64(),
@@ -368,12 +373,7 @@ fn rss_anon_mib() -> Option<f64> {
 }
 
 fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
-    start_threads(a.run.threads)?;
-    let opts = load_options(a.run.path, priority(&a.run.priority)?, a.context, a.run.no_cache);
-    let engine = Engine::load(&a.model_dir, &opts)?;
-    for w in &engine.warnings {
-        eprintln!("[int4] warning: {w}");
-    }
+    let engine = load_engine(&a.model_dir, &a.run, a.context)?;
     let packed_from = packed_from(&engine);
     let prompt_ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids

@@ -159,8 +159,7 @@ impl LinearSpec {
 
     /// The dtype of the first part's unquantized tensor, if stored so.
     pub fn dtype(&self, ckpt: &Checkpoint) -> Option<String> {
-        let first = &self.parts.first()?.0;
-        ckpt.tensors().into_iter().find(|(n, _)| n == first).map(|(_, d)| d)
+        ckpt.dtype(&self.parts.first()?.0)
     }
 
     /// The bias, if the architecture has one here.

@@ -100,6 +100,11 @@ impl Checkpoint {
         v
     }
 
+    /// A tensor's dtype (as safetensors spells it), if the checkpoint has it.
+    pub fn dtype(&self, name: &str) -> Option<String> {
+        self.entries.get(name).map(|e| format!("{:?}", e.dtype))
+    }
+
     /// Whether the checkpoint has a tensor.
     pub fn has(&self, name: &str) -> bool {
         self.entries.contains_key(name)
