@@ -66,12 +66,14 @@ pub enum Feature {
     Avx512Bf16,
     /// AVX512-VNNI (`vpdpbusd`).
     Avx512Vnni,
+    /// AMX-TILE with AMX-INT8 (`tdpbsud`), with the OS's tile state and Linux's permission.
+    AmxInt8,
 }
 
 impl Feature {
     /// Every feature, for listings.
-    pub const ALL: [Feature; 5] =
-        [Feature::Avx2, Feature::Fma, Feature::Avx512, Feature::Avx512Bf16, Feature::Avx512Vnni];
+    pub const ALL: [Feature; 6] =
+        [Feature::Avx2, Feature::Fma, Feature::Avx512, Feature::Avx512Bf16, Feature::Avx512Vnni, Feature::AmxInt8];
 
     /// The name `INT4_DISABLE` uses.
     pub fn name(self) -> &'static str {
@@ -81,6 +83,7 @@ impl Feature {
             Feature::Avx512 => "avx512",
             Feature::Avx512Bf16 => "avx512bf16",
             Feature::Avx512Vnni => "avx512vnni",
+            Feature::AmxInt8 => "amx",
         }
     }
 
@@ -91,6 +94,7 @@ impl Feature {
     fn level(self) -> IsaLevel {
         match self {
             Feature::Avx2 | Feature::Fma => IsaLevel::Avx2,
+            Feature::AmxInt8 => IsaLevel::Amx,
             _ => IsaLevel::Avx512,
         }
     }
@@ -109,6 +113,7 @@ impl Feature {
                 }
                 Feature::Avx512Bf16 => std::arch::is_x86_feature_detected!("avx512bf16"),
                 Feature::Avx512Vnni => std::arch::is_x86_feature_detected!("avx512vnni"),
+                Feature::AmxInt8 => crate::w4a8::amx::amx_int8_usable(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -216,7 +221,7 @@ impl IsaCaps {
         self.allows(feature) && feature.detected()
     }
 
-    /// The highest level whose kernels this process can run (given what this crate implements).
+    /// The highest level whose W4A16 kernels this process can run (given what this crate implements).
     pub fn effective_level(&self) -> IsaLevel {
         if Avx2Fma::with_caps(self).is_some() { IsaLevel::Avx2 } else { IsaLevel::Portable }
     }
@@ -239,6 +244,51 @@ impl Avx2Fma {
     /// The token, if the live CPU has AVX2 and FMA and `caps` allows them.
     pub fn with_caps(caps: &IsaCaps) -> Option<Self> {
         (caps.usable(Feature::Avx2) && caps.usable(Feature::Fma)).then_some(Avx2Fma { _private: () })
+    }
+}
+
+/// Proof that the live CPU supports AVX-512 F/BW/VL with VNNI (`vpdpbusd`) and that the caps allow them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Avx512Vnni {
+    _private: (),
+}
+
+impl Avx512Vnni {
+    /// The token, if the live CPU has AVX-512 F/BW/VL and VNNI and the process caps allow them.
+    pub fn new() -> Option<Self> {
+        Self::with_caps(IsaCaps::process())
+    }
+
+    /// The token, if the live CPU has AVX-512 F/BW/VL and VNNI and `caps` allows them.
+    pub fn with_caps(caps: &IsaCaps) -> Option<Self> {
+        (caps.usable(Feature::Avx512) && caps.usable(Feature::Avx512Vnni)).then_some(Avx512Vnni { _private: () })
+    }
+}
+
+/// Proof that AMX-INT8 tiles can execute in this process: CPUID reports AMX-TILE and AMX-INT8, the OS
+/// enabled the tile state in XCR0 (checked only after OSXSAVE), Linux granted this process the tile-data
+/// permission, and AVX-512 VNNI is there for the kernel's small-M half. Checked on the live CPU, never
+/// taken from a policy override or a CPU profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AmxInt8 {
+    vnni: Avx512Vnni,
+}
+
+impl AmxInt8 {
+    /// The token, if AMX-INT8 is usable in this process and the process caps allow it.
+    pub fn new() -> Option<Self> {
+        Self::with_caps(IsaCaps::process())
+    }
+
+    /// The token, if AMX-INT8 is usable in this process and `caps` allows it.
+    pub fn with_caps(caps: &IsaCaps) -> Option<Self> {
+        let vnni = Avx512Vnni::with_caps(caps)?;
+        caps.usable(Feature::AmxInt8).then_some(AmxInt8 { vnni })
+    }
+
+    /// The VNNI token every AMX host has (the tiles do not help a single row).
+    pub fn vnni(self) -> Avx512Vnni {
+        self.vnni
     }
 }
 

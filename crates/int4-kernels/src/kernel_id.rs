@@ -27,6 +27,14 @@ pub enum KernelId {
     DenseF32GemmAvx2,
     /// Unquantized weights, portable Rust.
     DensePortable,
+    /// W4A8 (int8 activations), portable Rust.
+    W4a8Portable,
+    /// W4A8, AVX2 `vpmaddubsw`.
+    W4a8Avx2,
+    /// W4A8, AVX-512 VNNI `vpdpbusd`.
+    W4a8Vnni,
+    /// W4A8, AMX tiles (`tdpbsud`).
+    W4a8Amx,
 }
 
 impl KernelId {
@@ -44,6 +52,10 @@ impl KernelId {
             KernelId::DenseF32GemvAvx2 => "dense-f32-gemv-avx2",
             KernelId::DenseF32GemmAvx2 => "dense-f32-gemm-avx2",
             KernelId::DensePortable => "dense-portable",
+            KernelId::W4a8Portable => "w4a8-portable",
+            KernelId::W4a8Avx2 => "w4a8-avx2",
+            KernelId::W4a8Vnni => "w4a8-vnni",
+            KernelId::W4a8Amx => "w4a8-amx",
         }
     }
 }

@@ -3,8 +3,8 @@
 //! * [`w4a16`] — 4-bit weights in a tinygemm layout: a decode GEMV below `dequant_threshold` rows and a
 //!   prefill that dequantizes straight from the packed layout into bf16 panels for a GEMM at or above it;
 //! * [`dense`] — unquantized bf16 and f32 weights (the speed baseline and the fidelity reference path);
-//! * [`w4a8`] — int8 activations and 4-bit weights on AMX tiles, written over a tile interface and tested on
-//!   a bit-exact software emulator of the tile instructions;
+//! * [`w4a8`] — int8 activations and 4-bit weights: AVX2, AVX-512 VNNI and AMX tiles (written over a tile
+//!   interface and tested on a bit-exact software emulator of the tile instructions), and portable Rust;
 //! * [`portable`] — the wna16 fallback over row-major codes, and the scalar counterparts of every SIMD
 //!   inner loop, running on any architecture;
 //! * [`reference`] — the scalar f64 definition every kernel is tested against; [`budget`] — the error
@@ -21,8 +21,10 @@
 //! Threads (rayon) split output channels, never a K reduction, so every result is bit-identical for any
 //! thread count.
 //!
-//! This build has AVX2 + FMA kernels and portable ones. AVX-512 (BF16, VNNI) and AMX kernels are not in
-//! this crate yet: see `docs/perf.md` for why (the development machine cannot execute them).
+//! W4A16 has AVX2 + FMA kernels and portable ones; its AVX-512 (BF16) and AMX-BF16 kernels are not in this
+//! crate yet. W4A8 has portable, AVX2, AVX-512 VNNI and AMX kernels. The development machine has AVX2
+//! only: the VNNI kernel is tested under an emulated AVX-512 CPU (`scripts/avx512-emulator.sh`) and the
+//! AMX tiling on the tile emulator; the AMX instructions themselves await an AMX host.
 #![deny(missing_docs)]
 
 pub mod budget;

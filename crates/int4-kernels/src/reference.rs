@@ -42,13 +42,13 @@ pub fn dense(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, bias: Option<&[
     y
 }
 
-/// The W4A8 reference: per K block of `k_block` input channels, the exact integer sum
-/// `Σ (u8 − 128)·(q − z)`, then `out += sum · a_scale[m] · w_scale[group, n]` in f32, blocks in K order
-/// (the kernel's documented arithmetic, computed directly from unpacked codes). `x` is `[M][k_padded]`
-/// (+128 offset), `scales_gn` and `zero_points_gn` `[G][N]` (`None`: every zero is 8).
+/// The W4A8 reference, computed directly from unpacked codes: per weight group, the exact integer sum
+/// `Σ xq·(q − z)` (i64, then checked to fit the kernels' i32), then `out = fma(sum, a_scale[m]·w_scale[g][n],
+/// out)` in f32, groups in K order, starting from the bias (the kernels' documented arithmetic). `xq` is
+/// `[M][k_padded]` (padding ignored), `scales_gn` and `zero_points_gn` `[G][N]` (`None`: every zero is 8).
 #[allow(clippy::too_many_arguments)]
 pub fn w4a8(
-    x: &[u8],
+    xq: &[i8],
     m: usize,
     k_padded: usize,
     a_scales: &[f32],
@@ -56,26 +56,21 @@ pub fn w4a8(
     scales_gn: &[f32],
     zero_points_gn: Option<&[u8]>,
     g_len: usize,
-    k_block: usize,
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
     let (n, k) = (codes.n(), codes.k());
+    let groups = k.div_ceil(g_len);
     let mut out = vec![0.0f32; m * n];
     for r in 0..m {
         for col in 0..n {
             let mut tot = bias.map_or(0.0, |b| b[col]);
-            for blk in 0..k_padded / k_block {
-                let mut sum: i64 = 0;
-                for kk in blk * k_block..(blk + 1) * k_block {
-                    let xq = i64::from(x[r * k_padded + kk]) - 128;
-                    if kk < k {
-                        let g = kk / g_len;
-                        let z = zero_points_gn.map_or(8, |z| z[g * n + col]);
-                        sum += xq * (i64::from(codes.get(col, kk)) - i64::from(z));
-                    }
-                }
-                let g = blk * k_block / g_len;
-                tot += sum as i32 as f32 * a_scales[r] * scales_gn[g * n + col];
+            for g in 0..groups {
+                let z = i64::from(zero_points_gn.map_or(8, |z| z[g * n + col]));
+                let sum: i64 = (g * g_len..((g + 1) * g_len).min(k))
+                    .map(|kk| i64::from(xq[r * k_padded + kk]) * (i64::from(codes.get(col, kk)) - z))
+                    .sum();
+                let sum = i32::try_from(sum).expect("a W4A8 group sum fits in i32");
+                tot = (sum as f32).mul_add(a_scales[r] * scales_gn[g * n + col], tot);
             }
             out[r * n + col] = tot;
         }

@@ -1,23 +1,67 @@
-//! W4A8 on the tile emulator: bit-exact against the scalar reference (integer sums and the f32 epilogue in
-//! the same order), symmetric and asymmetric zero points, tails in M, N and K, every group size; clear
-//! errors for tile-configuration mistakes; and the output's fidelity against the f64 reference on the
-//! dequantized weights.
+//! W4A8: every kernel variant (portable, AVX2, AVX-512 VNNI, the AMX tiling on the tile emulator and on
+//! hardware where present) bit-exact against the scalar reference, integer sums and the f32 epilogue
+//! alike; symmetric and asymmetric zero points; tails in M, N and K; every group size; bias on and off;
+//! thread-count invariance; clear errors for tile-configuration mistakes, bad weights and forced kernels
+//! the CPU lacks; and the output's fidelity against the f64 reference on the dequantized weights.
 
 mod common;
 
 use common::Rng;
+use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::reference;
 use int4_kernels::w4a8::tile::{TileConfig, TileEmulator, TileError, TileUnit};
-use int4_kernels::w4a8::{W4A8Weights, gemm, quantize_activations};
-use int4_layout::GroupSize;
-use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_integer_zero};
+use int4_kernels::w4a8::{W4A8Kernel, W4A8Linear, W4A8Weights, gemm, gemm_tiles, quantize_activations};
+use int4_kernels::{KernelErrorKind, KernelId};
+use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_integer_zero, quantize_symmetric};
+use int4_layout::{Codes, GroupSize};
 
 fn transpose_gn<T: Copy>(v: &[T], n: usize, groups: usize) -> Vec<T> {
     (0..groups * n).map(|i| v[(i % n) * groups + i / n]).collect()
 }
 
+/// The hardware kernels this build has, by level.
+const LEVELS: [(IsaLevel, &str); 4] = [
+    (IsaLevel::Portable, "portable"),
+    (IsaLevel::Avx2, "avx2"),
+    (IsaLevel::Avx512, "avx512-vnni"),
+    (IsaLevel::Amx, "amx"),
+];
+
+/// The W4A8 kernels this process can run; the rest are reported as skipped (a failure under
+/// `INT4_TEST_EVERYTHING=1`).
+fn runnable_kernels(test: &str) -> Vec<(W4A8Kernel, &'static str)> {
+    let everything = std::env::var("INT4_TEST_EVERYTHING").is_ok_and(|v| v == "1");
+    let mut out = Vec::new();
+    for (level, name) in LEVELS {
+        match W4A8Kernel::at_level(level, IsaCaps::process()) {
+            Ok(k) => out.push((k, name)),
+            Err(e) => {
+                let msg = format!("{test}: SKIPPED w4a8 variant {name} ({e})");
+                assert!(!everything, "{msg}, and INT4_TEST_EVERYTHING=1 forbids skips");
+                eprintln!("{msg}");
+                common::record_skip(&msg);
+            }
+        }
+    }
+    out
+}
+
+/// A symmetric or asymmetric integer-zero layer: codes, `[G][N]` scales, `[G][N]` zero points.
+fn layer(rng: &mut Rng, n: usize, k: usize, group: GroupSize, asym: bool) -> (Codes, Vec<f32>, Option<Vec<u8>>) {
+    let w = rng.weights(n, k);
+    let g = group.groups(k);
+    if asym {
+        let q = quantize_integer_zero(&w, n, k, group, ScaleSearch::Shrink, ParamPrecision::F16).unwrap();
+        (q.codes.clone(), transpose_gn(&q.scales, n, g), Some(transpose_gn(&q.zero_points, n, g)))
+    } else {
+        let q = quantize_symmetric(&w, n, k, group, ScaleSearch::Shrink, ParamPrecision::F16).unwrap();
+        (q.codes.clone(), transpose_gn(q.params.scales(), n, g), None)
+    }
+}
+
 #[test]
-fn tile_kernel_is_bit_exact_against_the_reference() {
+fn every_kernel_is_bit_exact_against_the_reference() {
+    let kernels = runnable_kernels("every_kernel_is_bit_exact_against_the_reference");
     let mut rng = Rng::new(21);
     let mut cases = 0;
     for (n, k, group) in [
@@ -25,30 +69,20 @@ fn tile_kernel_is_bit_exact_against_the_reference() {
         (48, 200, GroupSize::G32),
         (80, 576, GroupSize::G128),
         (144, 256, GroupSize::G64),
-        (32, 512, GroupSize::G256),
+        (32, 520, GroupSize::G256),
         (16, 100, GroupSize::PerChannel),
+        (576, 576, GroupSize::G64),
     ] {
-        let w = rng.weights(n, k);
         for asym in [false, true] {
-            let (codes, scales, zps) = if asym {
-                let q = quantize_integer_zero(&w, n, k, group, ScaleSearch::Shrink, ParamPrecision::F16).unwrap();
-                let g = group.groups(k);
-                (q.codes.clone(), transpose_gn(&q.scales, n, g), Some(transpose_gn(&q.zero_points, n, g)))
-            } else {
-                let q =
-                    int4_layout::grid::quantize_symmetric(&w, n, k, group, ScaleSearch::Shrink, ParamPrecision::F16)
-                        .unwrap();
-                let g = group.groups(k);
-                (q.codes.clone(), transpose_gn(q.params.scales(), n, g), None)
-            };
+            let (codes, scales, zps) = layer(&mut rng, n, k, group, asym);
             let packed = W4A8Weights::pack(&codes, &scales, zps.as_deref(), group).unwrap();
             let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
-            for m in [1usize, 2, 3, 4, 5, 16, 17, 64] {
+            let ms: &[usize] = if n == 576 { &[1, 17, 512] } else { &[1, 2, 3, 4, 5, 16, 17, 64] };
+            for &m in ms {
                 let x = rng.activations(m, k);
-                let a = quantize_activations(&x, m, k, packed.k_block()).unwrap();
-                let mut out = vec![f32::NAN; m * n];
-                let mut unit = TileEmulator::new();
-                gemm(&mut unit, &a, &packed, Some(&bias), &mut out).unwrap();
+                let a = quantize_activations(&x, m, &packed).unwrap();
+                let with_bias = m % 2 == 1;
+                let b = with_bias.then_some(&bias[..]);
                 let want = reference::w4a8(
                     &a.data,
                     m,
@@ -58,28 +92,148 @@ fn tile_kernel_is_bit_exact_against_the_reference() {
                     &scales,
                     zps.as_deref(),
                     group.len(k),
-                    packed.k_block(),
-                    Some(&bias),
+                    b,
                 );
-                assert!(out == want, "N={n} K={k} {group:?} asym={asym} M={m}: not bit-identical");
+                let check = |what: &str, out: &[f32]| {
+                    assert!(
+                        out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{what}: N={n} K={k} {group:?} asym={asym} M={m} bias={with_bias}: not bit-identical"
+                    );
+                };
+                for &(kernel, name) in &kernels {
+                    let mut out = vec![f32::NAN; m * n];
+                    gemm(kernel, &a, &packed, b, &mut out).unwrap();
+                    check(name, &out);
+                }
+                let mut out = vec![f32::NAN; m * n];
+                gemm_tiles(&TileEmulator::new, &a, &packed, b, &mut out).unwrap();
+                check("tile emulator", &out);
                 cases += 1;
             }
         }
     }
-    assert_eq!(cases, 6 * 2 * 8);
+    assert_eq!(cases, 6 * 2 * 8 + 2 * 3);
 }
 
-/// Activation quantization: ties to even, ±127, the +128 offset, zero rows, and K padding with zeros.
+/// The result does not depend on how many threads split N.
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let mut rng = Rng::new(23);
+    let (n, k, m) = (160, 384, 9);
+    let (codes, scales, zps) = layer(&mut rng, n, k, GroupSize::G128, true);
+    let packed = W4A8Weights::pack(&codes, &scales, zps.as_deref(), GroupSize::G128).unwrap();
+    let x = rng.activations(m, k);
+    for (kernel, name) in runnable_kernels("results_do_not_depend_on_the_thread_count") {
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let l = W4A8Linear::with_kernel(packed.clone(), None, kernel).unwrap();
+                let mut out = vec![0.0; m * n];
+                l.forward(&x, m, &mut out).unwrap();
+                out
+            })
+        };
+        let one = run(1);
+        for t in [2, 3, 7] {
+            assert!(run(t).iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: {t} threads differ");
+        }
+    }
+}
+
+/// Activation quantization: ties to even, ±127, zero rows, NaN, K padding with zeros, per-group sums.
 #[test]
 fn activations_quantize_per_token_with_one_rounding_rule() {
-    let x = [127.0f32, -127.0, 0.5, 1.5, -0.5, 2.5, 0.0, 63.5];
-    let a = quantize_activations(&x, 1, 8, 16).unwrap();
+    let codes = Codes::new(16, 40, vec![0; 16 * 40]).unwrap();
+    let w = W4A8Weights::pack(&codes, &[1.0; 2 * 16], None, GroupSize::G32).unwrap();
+    assert_eq!((w.k_padded(), w.groups()), (64, 2));
+    let mut x = vec![0.0f32; 40];
+    x[..8].copy_from_slice(&[127.0, -127.0, 0.5, 1.5, -0.5, 2.5, f32::NAN, 63.5]);
+    x[35] = -3.0;
+    let a = quantize_activations(&x, 1, &w).unwrap();
     assert_eq!(a.scales, vec![1.0]);
-    assert_eq!(&a.data[..8], &[255, 1, 128, 130, 128, 130, 128, 192]);
-    assert!(a.data[8..].iter().all(|&b| b == 128), "padding is zero");
-    let z = quantize_activations(&[0.0; 4], 1, 4, 4).unwrap();
-    assert_eq!(z.data, vec![128; 4]);
-    assert!(quantize_activations(&[1.0; 3], 1, 4, 4).is_err());
+    assert_eq!(&a.data[..8], &[127, -127, 0, 2, 0, 2, 0, 64]);
+    assert_eq!(a.data[35], -3);
+    assert!(a.data[40..].iter().all(|&b| b == 0), "padding is zero");
+    assert_eq!(a.sums, vec![2 + 2 + 64, -3], "127 and -127 cancel; NaN counts as 0");
+    let z = quantize_activations(&[0.0; 80], 2, &w).unwrap();
+    assert!(z.data.iter().all(|&v| v == 0) && z.scales == vec![1.0, 1.0]);
+    // A scale that is not a power of two: every value lands on round(x/scale), clamped to ±127.
+    let y: Vec<f32> = (0..40).map(|i| (i as f32 - 20.0) * 0.37).collect();
+    let a = quantize_activations(&y, 1, &w).unwrap();
+    let s = 20.0f32 * 0.37 / 127.0;
+    assert_eq!(a.scales[0], s);
+    for (i, &v) in y.iter().enumerate() {
+        assert_eq!(i32::from(a.data[i]), (v / s).round_ties_even().clamp(-127.0, 127.0) as i32, "k = {i}");
+    }
+    assert!(quantize_activations(&[1.0; 39], 1, &w).is_err());
+}
+
+/// Bad weights are refused with a clear error; a stored layer reads back identically.
+#[test]
+fn packing_checks_its_inputs_and_round_trips() {
+    let codes = Codes::from_fn(32, 72, |r, k| ((r * 7 + k * 3) % 16) as u8).unwrap();
+    let g = GroupSize::G32.groups(72);
+    let scales: Vec<f32> = (0..g * 32).map(|i| 0.01 * (1 + i % 5) as f32).collect();
+    let zeros: Vec<u8> = (0..g * 32).map(|i| (i % 16) as u8).collect();
+    let w = W4A8Weights::pack(&codes, &scales, Some(&zeros), GroupSize::G32).unwrap();
+    for r in 0..32 {
+        for kk in 0..72 {
+            assert_eq!(w.code(r, kk), codes.get(r, kk));
+        }
+        let mut row = vec![0.0; 72];
+        w.decode_row(r, &mut row).unwrap();
+        for (kk, &v) in row.iter().enumerate() {
+            let gi = kk / 32;
+            let want = (f32::from(codes.get(r, kk)) - f32::from(zeros[gi * 32 + r])) * scales[gi * 32 + r];
+            assert_eq!(v, want);
+        }
+    }
+    let back = W4A8Weights::from_parts(
+        w.packed().clone(),
+        w.scales_le_bytes().into(),
+        w.zeros().cloned(),
+        (32, 72, GroupSize::G32),
+    )
+    .unwrap();
+    assert_eq!(back.packed()[..], w.packed()[..]);
+    assert_eq!(back.scales(), w.scales());
+
+    let err = |r: Result<W4A8Weights, int4_kernels::KernelError>| r.unwrap_err().to_string();
+    let odd = Codes::from_fn(24, 72, |_, _| 0).unwrap();
+    assert!(err(W4A8Weights::pack(&odd, &vec![1.0; g * 24], None, GroupSize::G32)).contains("multiple of 16"));
+    let mut bad_zero = zeros.clone();
+    bad_zero[5] = 16;
+    assert!(err(W4A8Weights::pack(&codes, &scales, Some(&bad_zero), GroupSize::G32)).contains("zero point is 16"));
+    assert!(err(W4A8Weights::pack(&codes, &scales[1..], None, GroupSize::G32)).contains("scale"));
+    assert!(
+        err(W4A8Weights::from_parts(
+            w.packed()[..100].to_vec().into(),
+            w.scales_le_bytes().into(),
+            None,
+            (32, 72, GroupSize::G32)
+        ))
+        .contains("packed")
+    );
+}
+
+/// A forced kernel the CPU lacks is a clear error, never SIGILL; the best kernel reports its name.
+#[test]
+fn a_forced_kernel_the_cpu_lacks_is_an_error() {
+    let portable = IsaCaps::unrestricted().with_max_level(IsaLevel::Portable);
+    for level in [IsaLevel::Avx2, IsaLevel::Avx512, IsaLevel::Amx] {
+        let e = W4A8Kernel::at_level(level, &portable).unwrap_err();
+        assert!(matches!(e.kind(), KernelErrorKind::Unavailable { .. }), "{e}");
+    }
+    assert_eq!(W4A8Kernel::best(&portable).id_for(1), KernelId::W4a8Portable);
+    // The AMX kernel is only built from a live check of this CPU.
+    let amx = W4A8Kernel::at_level(IsaLevel::Amx, &IsaCaps::unrestricted());
+    assert_eq!(
+        amx.is_ok(),
+        int4_kernels::w4a8::amx::amx_int8_usable() && int4_kernels::isa::Avx512Vnni::new().is_some()
+    );
+    if let Ok(k) = amx {
+        assert_eq!((k.id_for(15), k.id_for(16)), (KernelId::W4a8Vnni, KernelId::W4a8Amx));
+    }
 }
 
 /// Tile-configuration mistakes give errors, never a wrong answer.
@@ -95,6 +249,7 @@ fn tile_configuration_mistakes_are_errors() {
     // A configuration whose shapes do not fit TDPBUSD.
     t.load_config(&TileConfig::new().with_tile(0, 4, 64).with_tile(1, 4, 64).with_tile(2, 8, 64)).unwrap();
     assert!(matches!(t.dpbusd(0, 1, 2), Err(TileError::ShapeMismatch(_))));
+    assert!(matches!(t.dpbsud(0, 1, 2), Err(TileError::ShapeMismatch(_))));
     assert!(matches!(t.dpbusd(0, 0, 2), Err(TileError::ShapeMismatch(_))));
     assert_eq!(t.zero(5), Err(TileError::BadTile(5)));
     assert_eq!(t.zero(9), Err(TileError::BadTile(9)));
@@ -107,30 +262,40 @@ fn tile_configuration_mistakes_are_errors() {
     assert_eq!((img[0], img[18], img[19], img[49]), (1, 64, 0, 16));
 }
 
-/// The emulator's TDPBUSD against the instruction's definition, with wrapping i32 accumulation.
+/// The emulator's TDPBUSD and TDPBSUD against the instructions' definitions, with wrapping i32
+/// accumulation.
 #[test]
-fn dpbusd_follows_its_definition_and_wraps() {
-    let mut t = TileEmulator::new();
-    t.load_config(&TileConfig::new().with_tile(0, 2, 8).with_tile(1, 2, 8).with_tile(2, 2, 8)).unwrap();
+fn tile_dot_products_follow_their_definitions_and_wrap() {
     let a: Vec<u8> = (0..16).map(|i| (i * 17 + 3) as u8).collect();
     let b: Vec<u8> = (0..16).map(|i| (i * 29 + 200) as u8).collect();
     let start: Vec<u8> = [i32::MAX - 5, 7, -3, i32::MIN + 2].iter().flat_map(|v| v.to_le_bytes()).collect();
-    t.load(0, &start, 8).unwrap();
-    t.load(1, &a, 8).unwrap();
-    t.load(2, &b, 8).unwrap();
-    t.dpbusd(0, 1, 2).unwrap();
-    let mut out = vec![0u8; 16];
-    t.store(0, &mut out, 8).unwrap();
-    for m in 0..2 {
-        for nn in 0..2 {
-            let mut want = i32::from_le_bytes(start[m * 8 + 4 * nn..m * 8 + 4 * nn + 4].try_into().unwrap());
-            for kk in 0..2 {
-                for i in 0..4 {
-                    want =
-                        want.wrapping_add(i32::from(a[m * 8 + 4 * kk + i]) * i32::from(b[kk * 8 + 4 * nn + i] as i8));
+    for a_signed in [false, true] {
+        let mut t = TileEmulator::new();
+        t.load_config(&TileConfig::new().with_tile(0, 2, 8).with_tile(1, 2, 8).with_tile(2, 2, 8)).unwrap();
+        t.load(0, &start, 8).unwrap();
+        t.load(1, &a, 8).unwrap();
+        t.load(2, &b, 8).unwrap();
+        if a_signed {
+            t.dpbsud(0, 1, 2).unwrap()
+        } else {
+            t.dpbusd(0, 1, 2).unwrap()
+        }
+        let mut out = vec![0u8; 16];
+        t.store(0, &mut out, 8).unwrap();
+        let byte = |v: u8, signed: bool| if signed { i32::from(v as i8) } else { i32::from(v) };
+        for m in 0..2 {
+            for nn in 0..2 {
+                let mut want = i32::from_le_bytes(start[m * 8 + 4 * nn..m * 8 + 4 * nn + 4].try_into().unwrap());
+                for kk in 0..2 {
+                    for i in 0..4 {
+                        want = want.wrapping_add(
+                            byte(a[m * 8 + 4 * kk + i], a_signed) * byte(b[kk * 8 + 4 * nn + i], !a_signed),
+                        );
+                    }
                 }
+                let got = i32::from_le_bytes(out[m * 8 + 4 * nn..m * 8 + 4 * nn + 4].try_into().unwrap());
+                assert_eq!(got, want, "signed A = {a_signed}, m={m} n={nn}");
             }
-            assert_eq!(i32::from_le_bytes(out[m * 8 + 4 * nn..m * 8 + 4 * nn + 4].try_into().unwrap()), want);
         }
     }
 }
@@ -152,9 +317,9 @@ fn int8_activations_cost_little_against_the_same_four_bit_weights() {
     let gaussian: Vec<f32> = (0..m * k).map(|_| half::bf16::from_f32(rng.normal()).to_f32()).collect();
     let outliers = rng.activations(m, k);
     for (x, bar, what) in [(gaussian, 35.0, "Gaussian"), (outliers, 25.0, "with outliers")] {
-        let a = quantize_activations(&x, m, k, packed.k_block()).unwrap();
+        let a = quantize_activations(&x, m, &packed).unwrap();
         let mut out = vec![0.0; m * n];
-        gemm(&mut TileEmulator::new(), &a, &packed, None, &mut out).unwrap();
+        gemm(W4A8Kernel::Portable, &a, &packed, None, &mut out).unwrap();
         let exact = reference::w4a16(&x, m, &q.codes, &fz, None);
         let signal: f64 = exact.iter().map(|v| v * v).sum();
         let noise: f64 = exact.iter().zip(&out).map(|(a, b)| (a - f64::from(*b)).powi(2)).sum();

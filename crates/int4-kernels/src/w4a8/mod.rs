@@ -1,67 +1,136 @@
-//! W4A8: 4-bit weights, activations quantized per token to int8, integer dot products on AMX tiles.
+//! W4A8: 4-bit weights, activations quantized per token to int8, integer dot products.
 //!
-//! * **Activations** ([`quantize_activations`]): per token, `scale = amax/127`, `xq = round(x/scale)`
-//!   (ties to even, clamped to ±127), stored as `u8 = xq + 128` for the u8 × s8 dot product.
-//! * **Weights** ([`W4A8Weights::pack`]): codes minus their zero point (8 for symmetric checkpoints, the
-//!   checkpoint's own for asymmetric ones), `w8 = q − z` in −15..15, repacked per 16 output channels and K
-//!   block into the VNNI order a `TDPBUSD` B tile wants, with a per-column compensation `comp = Σ w8` per
-//!   block and f32 scales per group.
-//! * **Per K block**: `acc = Σ u8·w8 − 128·comp` (= `Σ xq·w8`, exact in i32), then
-//!   `out += acc · a_scale[m] · w_scale[group, n]` in f32, blocks in K order.
+//! # What is computed
 //!
-//! The repacked B tiles hold one byte per weight (`w8`), twice the 4-bit footprint: expanding 4-bit blocks
-//! into a tile buffer per K block at run time, as vLLM's kernel does, is the step that keeps the memory
-//! saving and is not done yet.
+//! * **Activations** ([`quantize_activations`]): per token, `scale = amax/127` and
+//!   `xq = round(x/scale)` (ties to even, clamped to ±127), kept signed. Each row also records
+//!   `Σ xq` per weight group.
+//! * **Weights** ([`W4A8Weights::pack`]): the checkpoint's unsigned codes `q` in `0..16`, with the group
+//!   scales and integer zero points (the constant 8 for symmetric checkpoints, the checkpoint's own for
+//!   asymmetric ones).
+//! * **Per group**: `acc = Σ xq·q − z·Σ xq`, which is `Σ xq·(q − z)` exactly, in i32. Then
+//!   `out = fma(acc, a_scale[m]·w_scale[g][n], out)` in f32, groups in K order, starting from the bias.
 //!
-//! [`gemm`] runs that over any [`tile::TileUnit`]: it loads its own tile configuration before its first tile
-//! instruction (never assuming another kernel's) and releases the tiles on every exit path. Tested bit for
-//! bit against [`crate::reference::w4a8`] through the [`tile::TileEmulator`].
+//! Keeping the codes unsigned makes them the unsigned operand of every x86 byte dot product (`vpmaddubsw`,
+//! `vpdpbusd`, `tdpbsud` with A signed and B unsigned), and the activations the signed one. So no +128
+//! offset and no compensation term are needed: the zero point's `z·Σ xq` is the only correction, applied
+//! once per group, and symmetric and asymmetric checkpoints run the same kernel. No product can saturate
+//! the 16-bit pair sums of `vpmaddubsw`: `|2·15·127| < 2¹⁵`.
+//!
+//! # Layout
+//!
+//! 4-bit, as stored: per 16 output channels, per 8 input channels, 64 bytes; byte `4c + i` holds
+//! channel `c`'s codes for `k = 8j + i` (low nibble) and `k = 8j + 4 + i` (high nibble). One 64-byte load
+//! is a VNNI pair of K quads for 16 channels (AVX-512: one register; AVX2: two), unpacked with one AND and
+//! one shift. The AMX kernel expands one 16-channel block at a time into a byte tile buffer (the B tiles
+//! in VNNI order), so the resident weights stay at 4 bits. K is padded with zero codes to the tile K block
+//! (32 for groups of 32, else 64); padded activations are zero.
+//!
+//! # Kernels
+//!
+//! [`W4A8Kernel`]: portable Rust (any CPU), AVX2 (`vpmaddubsw`), AVX-512 VNNI (`vpdpbusd`), and AMX
+//! (`tdpbsud`, from [`AMX_MIN_ROWS`] rows; VNNI below). The AMX tiling is written once over
+//! [`tile::TileUnit`], so the same code runs on the hardware ([`amx::AmxTiles`]) and, in tests here, on the
+//! bit-exact [`tile::TileEmulator`]. Every kernel computes the same integers and the same f32 operations in
+//! the same order, so all of them agree with [`crate::reference::w4a8`] bit for bit.
 
+pub mod amx;
 pub mod tile;
 
-use int4_layout::{Codes, GroupSize};
+use std::ops::Range;
 
-use crate::error::{KernelError, check_len};
+use int4_layout::{Codes, GroupSize};
+use rayon::prelude::*;
+
+use crate::KernelId;
+use crate::bytes::SharedBytes;
+use crate::error::{KernelError, KernelErrorKind, check_len};
+use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
 use tile::{TileConfig, TileError, TileUnit};
 
-/// Per-token int8 activations, stored with a +128 offset, K padded to the weights' block.
+/// Rows from which the AMX kernel runs on an AMX host (one full tile of rows); VNNI runs fewer. Not
+/// measured: no AMX host has been available to this project.
+pub const AMX_MIN_ROWS: usize = 16;
+
+/// Bytes per 16 channels × 8 input channels.
+const CHUNK: usize = 64;
+
+/// Per-token int8 activations, K padded to the weights' block, with per-group sums.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizedActivations {
     /// Rows.
     pub m: usize,
-    /// Row length after padding (padding holds 128, that is 0).
+    /// Row length after padding (padding is zero).
     pub k_padded: usize,
-    /// `[m][k_padded]` bytes, `xq + 128`.
-    pub data: Vec<u8>,
-    /// Per-row scale (`amax/127`).
+    /// `[m][k_padded]`.
+    pub data: Vec<i8>,
+    /// Per-row scale (`amax/127`; 1 for an all-zero row).
     pub scales: Vec<f32>,
+    /// `[m][groups]`: `Σ xq` over each weight group.
+    pub sums: Vec<i32>,
 }
 
-/// Quantizes `x` (`[m][k]`) per row, padding each row to a multiple of `k_block`.
-pub fn quantize_activations(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    k_block: usize,
-) -> Result<QuantizedActivations, KernelError> {
+/// Rounds `v` (|v| < 2²²) to the nearest integer, ties to even, with the same f32 additions on every
+/// target (no dependence on SSE4.1's `roundps` or a libm call).
+fn round_ties_even_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2²³
+    (v + MAGIC) - MAGIC
+}
+
+/// Quantizes `x` (`[m][k]`, `k = w.k()`) per row for the weights `w`.
+pub fn quantize_activations(x: &[f32], m: usize, w: &W4A8Weights) -> Result<QuantizedActivations, KernelError> {
+    let (k, kp, groups) = (w.k, w.k_padded, w.groups);
     check_len("activations", m * k, x.len())?;
-    let kp = k.next_multiple_of(k_block.max(1));
-    let mut data = vec![128u8; m * kp];
+    let mut data = vec![0i8; m * kp];
     let mut scales = Vec::with_capacity(m);
+    let mut sums = vec![0i32; m * groups];
     for r in 0..m {
         let row = &x[r * k..(r + 1) * k];
         let amax = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-        for (d, &v) in data[r * kp..r * kp + k].iter_mut().zip(row) {
-            let q = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i32;
-            *d = (q + 128) as u8;
+        let scale = if amax > 0.0 && amax.is_finite() { amax / 127.0 } else { 1.0 };
+        let q = &mut data[r * kp..r * kp + k];
+        for (d, &v) in q.iter_mut().zip(row) {
+            // NaN becomes 0 (a NaN activation has no int8 value); the clamp keeps ±127.
+            *d = round_ties_even_small((v / scale).clamp(-127.0, 127.0)) as i8;
+        }
+        for g in 0..groups {
+            let span = w.group_span(g);
+            let end = span.end.min(k);
+            sums[r * groups + g] = q[span.start.min(end)..end].iter().map(|&v| i32::from(v)).sum();
         }
         scales.push(scale);
     }
-    Ok(QuantizedActivations { m, k_padded: kp, data, scales })
+    Ok(QuantizedActivations { m, k_padded: kp, data, scales, sums })
 }
 
-/// Weights repacked for the tile kernel.
+/// f32 values read in place from shared bytes when aligned, else decoded into a vector.
+#[derive(Clone, Debug)]
+enum Floats {
+    Mapped(SharedBytes),
+    Owned(Vec<f32>),
+}
+
+impl Floats {
+    fn new(bytes: SharedBytes) -> Result<Self, KernelError> {
+        if !bytes.len().is_multiple_of(4) {
+            return Err(KernelError::shape("scale bytes", bytes.len().next_multiple_of(4), bytes.len()));
+        }
+        if cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(&bytes).is_ok() {
+            Ok(Floats::Mapped(bytes))
+        } else {
+            Ok(Floats::Owned(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+        }
+    }
+
+    fn as_slice(&self) -> &[f32] {
+        match self {
+            Floats::Mapped(b) => bytemuck::cast_slice(b),
+            Floats::Owned(v) => v,
+        }
+    }
+}
+
+/// 4-bit weights for the W4A8 kernels (layout in the module docs).
 #[derive(Clone, Debug)]
 pub struct W4A8Weights {
     n: usize,
@@ -69,64 +138,84 @@ pub struct W4A8Weights {
     k_padded: usize,
     kb: usize,
     g_len: usize,
-    /// `[N/16][K/kb][kb/4][64]`: B tiles in VNNI order.
-    b: Vec<u8>,
-    /// `[N/16][K/kb][16]`.
-    comp: Vec<i32>,
+    groups: usize,
+    /// `[N/16][k_padded/8][64]`.
+    packed: SharedBytes,
     /// `[G][N]`.
-    scales: Vec<f32>,
+    scales: Floats,
+    /// `[G][N]`, each below 16; `None`: symmetric, every zero point is 8.
+    zeros: Option<SharedBytes>,
+}
+
+/// The tile K block for a group length: a block never straddles two groups.
+fn k_block(group: GroupSize, g_len: usize) -> usize {
+    if group == GroupSize::PerChannel { 64 } else { g_len.min(64) }
 }
 
 impl W4A8Weights {
-    /// Repacks `codes` (`[N][K]`, N a multiple of 16) with `scales` (`[G][N]`) and integer zero points
-    /// (`[G][N]`, `None` for a symmetric checkpoint: every zero is 8).
+    /// Packs `codes` (`[N][K]`, N a multiple of 16) with `scales_gn` (`[G][N]`) and integer zero points
+    /// `zeros_gn` (`[G][N]`, each below 16; `None` for a symmetric checkpoint, where every zero is 8).
     pub fn pack(
         codes: &Codes,
-        scales: &[f32],
-        zero_points: Option<&[u8]>,
+        scales_gn: &[f32],
+        zeros_gn: Option<&[u8]>,
         group: GroupSize,
     ) -> Result<Self, KernelError> {
         let (n, k) = (codes.n(), codes.k());
-        if n % 16 != 0 {
-            return Err(KernelError::shape("W4A8 output channels (a multiple of 16)", n.next_multiple_of(16), n));
-        }
-        let g_len = group.len(k);
-        let groups = group.groups(k);
-        check_len("scales", groups * n, scales.len())?;
-        if let Some(z) = zero_points {
-            check_len("zero points", groups * n, z.len())?;
-        }
-        // A K block never straddles two groups: 32 for g32, 64 otherwise (one group spans all of K when
-        // per-channel, so any block fits).
-        let kb = if group == GroupSize::PerChannel { 64 } else { g_len.min(64) };
-        let kp = k.next_multiple_of(kb);
-        let kblocks = kp / kb;
-        let mut b = vec![0u8; n / 16 * kblocks * kb * 16];
-        let mut comp = vec![0i32; n / 16 * kblocks * 16];
-        for nb in 0..n / 16 {
-            for blk in 0..kblocks {
-                let tile = &mut b[(nb * kblocks + blk) * kb * 16..(nb * kblocks + blk + 1) * kb * 16];
-                for c in 0..16 {
-                    let col = nb * 16 + c;
-                    let mut sum = 0i32;
-                    for i in 0..kb {
-                        let kk = blk * kb + i;
-                        let w8 = if kk < k {
-                            let g = kk / g_len;
-                            let z = zero_points.map_or(8, |z| z[g * n + col]);
-                            i32::from(codes.get(col, kk)) - i32::from(z)
-                        } else {
-                            0
-                        };
-                        sum += w8;
-                        // VNNI: row i/4 of the B tile, bytes 4c..4c+4 hold K values 4(i/4)..4(i/4)+4.
-                        tile[(i / 4) * 64 + 4 * c + i % 4] = w8 as i8 as u8;
-                    }
-                    comp[(nb * kblocks + blk) * 16 + c] = sum;
+        let (kp, _) = Self::geometry(n, k, group)?;
+        let mut packed = vec![0u8; n / 16 * kp / 8 * CHUNK];
+        let chunks = kp / 8;
+        for (nb, block) in packed.chunks_exact_mut(chunks * CHUNK).enumerate() {
+            for c in 0..16 {
+                let row = codes.row(nb * 16 + c);
+                for (kk, &q) in row.iter().enumerate() {
+                    let (j, within) = (kk / 8, kk % 8);
+                    let byte = &mut block[j * CHUNK + 4 * c + within % 4];
+                    *byte |= if within < 4 { q & 15 } else { (q & 15) << 4 };
                 }
             }
         }
-        Ok(W4A8Weights { n, k, k_padded: kp, kb, g_len, b, comp, scales: scales.to_vec() })
+        let scale_bytes: Vec<u8> = scales_gn.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Self::from_parts(packed.into(), scale_bytes.into(), zeros_gn.map(|z| z.to_vec().into()), (n, k, group))
+    }
+
+    /// Builds the weights from stored parts ([`Self::packed`], [`Self::scales_le_bytes`], [`Self::zeros`]),
+    /// read in place. Every length is checked, and every zero point.
+    pub fn from_parts(
+        packed: SharedBytes,
+        scales_le: SharedBytes,
+        zeros: Option<SharedBytes>,
+        (n, k, group): (usize, usize, GroupSize),
+    ) -> Result<Self, KernelError> {
+        let (kp, kb) = Self::geometry(n, k, group)?;
+        let (g_len, groups) = (group.len(k), group.groups(k));
+        check_len("W4A8 packed bytes", n / 16 * kp / 8 * CHUNK, packed.len())?;
+        check_len("W4A8 scale bytes", groups * n * 4, scales_le.len())?;
+        if let Some(z) = &zeros {
+            check_len("W4A8 zero points", groups * n, z.len())?;
+            if let Some(bad) = z.iter().find(|&&z| z > 15) {
+                return Err(KernelError::new(KernelErrorKind::Layout(format!(
+                    "a W4A8 zero point is {bad}; 4-bit zero points are 0..=15"
+                ))));
+            }
+        }
+        let scales = Floats::new(scales_le)?;
+        Ok(W4A8Weights { n, k, k_padded: kp, kb, g_len, groups, packed, scales, zeros })
+    }
+
+    fn geometry(n: usize, k: usize, group: GroupSize) -> Result<(usize, usize), KernelError> {
+        if n == 0 || !n.is_multiple_of(16) {
+            return Err(KernelError::shape(
+                "W4A8 output channels (a positive multiple of 16)",
+                n.next_multiple_of(16).max(16),
+                n,
+            ));
+        }
+        if k == 0 {
+            return Err(KernelError::shape("W4A8 input channels (at least 1)", 1, 0));
+        }
+        let kb = k_block(group, group.len(k));
+        Ok((k.next_multiple_of(kb), kb))
     }
 
     /// Output channels.
@@ -139,80 +228,436 @@ impl W4A8Weights {
         self.k
     }
 
-    /// The K block (and the activations' padding multiple).
+    /// K after padding to the tile block.
+    pub fn k_padded(&self) -> usize {
+        self.k_padded
+    }
+
+    /// The tile K block (32 or 64).
     pub fn k_block(&self) -> usize {
         self.kb
     }
+
+    /// Group length in input channels.
+    pub fn group_len(&self) -> usize {
+        self.g_len
+    }
+
+    /// Groups along K.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+
+    /// Group `g`'s input channels in padded K (the last group takes the padding).
+    pub fn group_span(&self, g: usize) -> Range<usize> {
+        let start = g * self.g_len;
+        let end = if g + 1 == self.groups { self.k_padded } else { (g + 1) * self.g_len };
+        start..end
+    }
+
+    /// The packed codes.
+    pub fn packed(&self) -> &SharedBytes {
+        &self.packed
+    }
+
+    /// The scales `[G][N]`.
+    pub fn scales(&self) -> &[f32] {
+        self.scales.as_slice()
+    }
+
+    /// The scales as little-endian bytes (an artifact section).
+    pub fn scales_le_bytes(&self) -> Vec<u8> {
+        self.scales().iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// The integer zero points `[G][N]`; `None` when symmetric (all 8).
+    pub fn zeros(&self) -> Option<&SharedBytes> {
+        self.zeros.as_ref()
+    }
+
+    fn zero(&self, g: usize, col: usize) -> u8 {
+        self.zeros.as_ref().map_or(8, |z| z[g * self.n + col])
+    }
+
+    /// Code `(row, k)`.
+    pub fn code(&self, row: usize, kk: usize) -> u8 {
+        let chunks = self.k_padded / 8;
+        let (nb, c) = (row / 16, row % 16);
+        let (j, within) = (kk / 8, kk % 8);
+        let b = self.packed[(nb * chunks + j) * CHUNK + 4 * c + within % 4];
+        if within < 4 { b & 15 } else { b >> 4 }
+    }
+
+    /// Row `row` of the weights, `(q − z)·s` (how a tied 4-bit head serves the embedding lookup).
+    pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        check_len("decoded row", self.k, out.len())?;
+        if row >= self.n {
+            return Err(KernelError::shape("row index (below N)", self.n, row));
+        }
+        let scales = self.scales();
+        for (kk, o) in out.iter_mut().enumerate() {
+            let g = kk / self.g_len;
+            let w = i32::from(self.code(row, kk)) - i32::from(self.zero(g, row));
+            *o = w as f32 * scales[g * self.n + row];
+        }
+        Ok(())
+    }
+
+    /// Bytes resident for these weights (codes, scales, zero points).
+    pub fn resident_bytes(&self) -> usize {
+        self.packed.len() + self.scales().len() * 4 + self.zeros.as_ref().map_or(0, |z| z.len())
+    }
+
+    fn block_bytes(&self, nb: usize) -> &[u8] {
+        let len = self.k_padded / 8 * CHUNK;
+        &self.packed[nb * len..(nb + 1) * len]
+    }
 }
 
-/// `out[M][N] = dequant(xq)·W'ᵀ (+ bias)` on a tile unit, as described in the module docs.
-pub fn gemm<T: TileUnit>(
-    unit: &mut T,
+/// One 16-channel block's work, as every kernel variant sees it.
+pub(crate) struct Block<'a> {
+    /// The block's packed codes, `[k_padded/8][64]`.
+    pub w: &'a [u8],
+    /// Activations `[m][kp]`.
+    pub x: &'a [i8],
+    pub kp: usize,
+    pub m: usize,
+    pub a_scales: &'a [f32],
+    /// `[m][groups]`.
+    pub sums: &'a [i32],
+    pub groups: usize,
+    /// Per group: padded K range.
+    pub spans: &'a [Range<usize>],
+    /// `[G][N]` scales, and this block's first column.
+    pub w_scales: &'a [f32],
+    pub zeros: Option<&'a [u8]>,
+    pub n: usize,
+    pub col0: usize,
+}
+
+impl Block<'_> {
+    /// The epilogue of one row and group, shared by every variant: `out = fma(acc − z·Σx, a_s·w_s, out)`.
+    #[inline]
+    pub fn finish(&self, r: usize, g: usize, acc: &[i32; 16], out: &mut [f32]) {
+        let sum = self.sums[r * self.groups + g];
+        for c in 0..16 {
+            let col = self.col0 + c;
+            let z = self.zeros.map_or(8, |z| i32::from(z[g * self.n + col]));
+            let v = acc[c].wrapping_sub(z.wrapping_mul(sum));
+            out[c] = (v as f32).mul_add(self.a_scales[r] * self.w_scales[g * self.n + col], out[c]);
+        }
+    }
+}
+
+/// The portable kernel for one block: `out` is `[m][16]`, holding the bias (or zeros) on entry.
+fn block_portable(b: &Block, out: &mut [f32]) {
+    for r in 0..b.m {
+        let x = &b.x[r * b.kp..(r + 1) * b.kp];
+        for (g, span) in b.spans.iter().enumerate() {
+            let mut acc = [0i32; 16];
+            for j in span.start / 8..span.end / 8 {
+                let chunk = &b.w[j * CHUNK..(j + 1) * CHUNK];
+                let (lo, hi) = (&x[8 * j..8 * j + 4], &x[8 * j + 4..8 * j + 8]);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    for i in 0..4 {
+                        let byte = chunk[4 * c + i];
+                        *a += i32::from(byte & 15) * i32::from(lo[i]) + i32::from(byte >> 4) * i32::from(hi[i]);
+                    }
+                }
+            }
+            b.finish(r, g, &acc, &mut out[r * 16..(r + 1) * 16]);
+        }
+    }
+}
+
+/// Which implementation runs the W4A8 product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum W4A8Kernel {
+    /// Portable Rust, any CPU.
+    Portable,
+    /// AVX2 `vpmaddubsw`.
+    Avx2(Avx2Fma),
+    /// AVX-512 VNNI `vpdpbusd`.
+    Vnni(Avx512Vnni),
+    /// AMX tiles from [`AMX_MIN_ROWS`] rows, VNNI below.
+    Amx(AmxInt8),
+}
+
+impl W4A8Kernel {
+    /// The best kernel this process may run under `caps`.
+    pub fn best(caps: &IsaCaps) -> Self {
+        if let Some(t) = AmxInt8::with_caps(caps) {
+            W4A8Kernel::Amx(t)
+        } else if let Some(t) = Avx512Vnni::with_caps(caps) {
+            W4A8Kernel::Vnni(t)
+        } else if let Some(t) = Avx2Fma::with_caps(caps) {
+            W4A8Kernel::Avx2(t)
+        } else {
+            W4A8Kernel::Portable
+        }
+    }
+
+    /// The kernel of exactly `level`, or a clear error naming what is missing. Never SIGILL.
+    pub fn at_level(level: IsaLevel, caps: &IsaCaps) -> Result<Self, KernelError> {
+        let missing = |kernel, missing| KernelError::new(KernelErrorKind::Unavailable { kernel, missing });
+        Ok(match level {
+            IsaLevel::Portable => W4A8Kernel::Portable,
+            IsaLevel::Avx2 => W4A8Kernel::Avx2(Avx2Fma::with_caps(caps).ok_or(missing(
+                "w4a8-avx2",
+                "AVX2 (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
+            ))?),
+            IsaLevel::Avx512 => W4A8Kernel::Vnni(Avx512Vnni::with_caps(caps).ok_or(missing(
+                "w4a8-vnni",
+                "AVX-512 F/BW/VL with VNNI (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
+            ))?),
+            IsaLevel::Amx => W4A8Kernel::Amx(AmxInt8::with_caps(caps).ok_or(missing(
+                "w4a8-amx",
+                "AMX-INT8 usable in this process (CPUID AMX-TILE/AMX-INT8, XCR0 tile state, Linux's tile permission) and AVX-512 VNNI",
+            ))?),
+        })
+    }
+
+    /// The kernel that runs `m` rows.
+    pub fn id_for(self, m: usize) -> KernelId {
+        match self {
+            W4A8Kernel::Portable => KernelId::W4a8Portable,
+            W4A8Kernel::Avx2(_) => KernelId::W4a8Avx2,
+            W4A8Kernel::Vnni(_) => KernelId::W4a8Vnni,
+            W4A8Kernel::Amx(_) if m >= AMX_MIN_ROWS => KernelId::W4a8Amx,
+            W4A8Kernel::Amx(_) => KernelId::W4a8Vnni,
+        }
+    }
+}
+
+/// Checks the operands shared by every entry point.
+fn check_operands(
+    a: &QuantizedActivations,
+    w: &W4A8Weights,
+    bias: Option<&[f32]>,
+    out: &[f32],
+) -> Result<(), KernelError> {
+    check_len("activation row length", w.k_padded, a.k_padded)?;
+    check_len("activations", a.m * w.k_padded, a.data.len())?;
+    check_len("activation scales", a.m, a.scales.len())?;
+    check_len("activation group sums", a.m * w.groups, a.sums.len())?;
+    check_len("output", a.m * w.n, out.len())?;
+    if let Some(b) = bias {
+        check_len("bias", w.n, b.len())?;
+    }
+    Ok(())
+}
+
+/// One block's kernel: fills `tile` (`[m][16]`) for a [`Block`].
+type BlockKernel<'a> = dyn Fn(&Block, &mut [f32]) -> Result<(), TileError> + Sync + 'a;
+
+/// Runs `per_block(block, tile)` over every 16-channel block in parallel (threads split N, never K) and
+/// writes `out[m][n]`. `tile` is `[m][16]` and holds the bias (or zeros) on entry.
+fn run_blocks(
+    a: &QuantizedActivations,
+    w: &W4A8Weights,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    per_block: &BlockKernel<'_>,
+) -> Result<(), KernelError> {
+    check_operands(a, w, bias, out)?;
+    let m = a.m;
+    if m == 0 {
+        return Ok(());
+    }
+    let spans: Vec<Range<usize>> = (0..w.groups).map(|g| w.group_span(g)).collect();
+    let scales = w.scales();
+    let zeros = w.zeros.as_deref();
+    let mut tiles = vec![0.0f32; w.n / 16 * m * 16];
+    // Keep tasks to at least ~64 K weight bytes × rows so small layers are not drowned in scheduling.
+    let min_blocks = (65536 / (w.k_padded * 8 * m).max(1)).max(1);
+    tiles
+        .par_chunks_mut(m * 16)
+        .with_min_len(min_blocks)
+        .enumerate()
+        .try_for_each(|(nb, tile)| {
+            for r in 0..m {
+                for c in 0..16 {
+                    tile[r * 16 + c] = bias.map_or(0.0, |b| b[nb * 16 + c]);
+                }
+            }
+            let block = Block {
+                w: w.block_bytes(nb),
+                x: &a.data,
+                kp: w.k_padded,
+                m,
+                a_scales: &a.scales,
+                sums: &a.sums,
+                groups: w.groups,
+                spans: &spans,
+                w_scales: scales,
+                zeros,
+                n: w.n,
+                col0: nb * 16,
+            };
+            per_block(&block, tile)
+        })
+        .map_err(|e| KernelError::new(KernelErrorKind::Layout(format!("tile unit: {e}"))))?;
+    if m == 1 {
+        out.copy_from_slice(&tiles);
+    } else {
+        for (nb, tile) in tiles.chunks_exact(m * 16).enumerate() {
+            for r in 0..m {
+                out[r * w.n + nb * 16..r * w.n + nb * 16 + 16].copy_from_slice(&tile[r * 16..(r + 1) * 16]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `out[M][N] = dequant(a)·Wᵀ (+ bias)` on `kernel`.
+pub fn gemm(
+    kernel: W4A8Kernel,
     a: &QuantizedActivations,
     w: &W4A8Weights,
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    check_len("activation row length", w.k_padded, a.k_padded)?;
-    check_len("output", a.m * w.n, out.len())?;
-    if let Some(b) = bias {
-        check_len("bias", w.n, b.len())?;
+    match kernel {
+        W4A8Kernel::Portable => run_blocks(a, w, bias, out, &|b, t| {
+            block_portable(b, t);
+            Ok(())
+        }),
+        #[cfg(target_arch = "x86_64")]
+        W4A8Kernel::Avx2(tok) => run_blocks(a, w, bias, out, &|b, t| {
+            crate::x86_64::w4a8::block_avx2(tok, b, t);
+            Ok(())
+        }),
+        #[cfg(target_arch = "x86_64")]
+        W4A8Kernel::Vnni(tok) => run_blocks(a, w, bias, out, &|b, t| {
+            crate::x86_64::w4a8::block_vnni(tok, b, t);
+            Ok(())
+        }),
+        #[cfg(target_arch = "x86_64")]
+        W4A8Kernel::Amx(tok) if a.m >= AMX_MIN_ROWS => gemm_tiles(&|| amx::AmxTiles::new(tok), a, w, bias, out),
+        #[cfg(target_arch = "x86_64")]
+        W4A8Kernel::Amx(tok) => gemm(W4A8Kernel::Vnni(tok.vnni()), a, w, bias, out),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("x86 tokens cannot be constructed on other architectures"),
     }
-    let result = gemm_tiles(unit, a, w, bias, out);
-    // Released on every path, success or error: the next kernel loads its own configuration.
-    unit.release();
-    result.map_err(|e| KernelError::new(crate::error::KernelErrorKind::Layout(format!("tile unit: {e}"))))
 }
 
-fn gemm_tiles<T: TileUnit>(
-    unit: &mut T,
+/// The AMX tiling over any tile unit: `new_unit` makes one per task (tile state belongs to a thread). Each
+/// task loads its own configuration before its first tile instruction and releases the tiles on every
+/// exit path, so no kernel depends on another's tile state.
+///
+/// Per 16-channel block, the codes are expanded once into byte B tiles (`[K/4][16 × 4]`, VNNI order);
+/// then per 16 rows and per group, `tdpbsud` accumulates `Σ xq·q` over the group's K blocks in one i32
+/// tile, which the shared epilogue turns into f32.
+pub fn gemm_tiles<T: TileUnit>(
+    new_unit: &(dyn Fn() -> T + Sync),
     a: &QuantizedActivations,
     w: &W4A8Weights,
     bias: Option<&[f32]>,
     out: &mut [f32],
-) -> Result<(), TileError> {
-    let (n, kb, kp) = (w.n, w.kb, w.k_padded);
-    let kblocks = kp / kb;
-    let mut acc = [0u8; 16 * 64];
+) -> Result<(), KernelError> {
+    let kb = w.kb;
+    run_blocks(a, w, bias, out, &|b, tile| {
+        let mut unit = new_unit();
+        let result = block_tiles(&mut unit, b, kb, tile);
+        // Released on every path, success or error: the next kernel loads its own configuration.
+        unit.release();
+        result
+    })
+}
+
+/// Tiles: 0 holds the i32 accumulators (rows × 16), 4 the activations (rows × kb bytes), 6 the codes
+/// (kb/4 rows × 64 bytes).
+fn block_tiles<T: TileUnit>(unit: &mut T, b: &Block, kb: usize, out: &mut [f32]) -> Result<(), TileError> {
+    let (c, ta, tb) = (0, 4, 6);
+    // The block's B tiles: K quad `r` is row `r`, channel `c`'s four codes at bytes 4c..4c+4.
+    let quads = b.kp / 4;
+    let mut expanded = vec![0u8; quads * CHUNK];
+    for (j, chunk) in b.w.chunks_exact(CHUNK).enumerate() {
+        for (i, &byte) in chunk.iter().enumerate() {
+            expanded[(2 * j) * CHUNK + i] = byte & 15;
+            expanded[(2 * j + 1) * CHUNK + i] = byte >> 4;
+        }
+    }
+    let x: &[u8] = bytemuck::cast_slice(b.x);
+    let mut acc_bytes = [0u8; 16 * 64];
+    let mut loaded_rows = 0;
     let mut m0 = 0;
-    while m0 < a.m {
-        let mr = 16.min(a.m - m0);
-        // C: mr × 16 i32; A: mr × kb bytes; B: kb/4 rows × 64 bytes (16 columns × 4 K values).
-        let cfg = TileConfig::new().with_tile(0, mr as u8, 64).with_tile(1, mr as u8, kb as u16).with_tile(
-            2,
-            (kb / 4) as u8,
-            64,
-        );
-        unit.load_config(&cfg)?;
-        for nb in 0..n / 16 {
-            let mut tot = [[0.0f32; 16]; 16];
-            for (r, row) in tot.iter_mut().enumerate().take(mr) {
-                for (c, v) in row.iter_mut().enumerate() {
-                    *v = bias.map_or(0.0, |b| b[nb * 16 + c]);
-                }
-                let _ = r;
+    while m0 < b.m {
+        let mr = 16.min(b.m - m0);
+        if mr != loaded_rows {
+            let cfg = TileConfig::new().with_tile(c, mr as u8, 64).with_tile(ta, mr as u8, kb as u16).with_tile(
+                tb,
+                (kb / 4) as u8,
+                64,
+            );
+            unit.load_config(&cfg)?;
+            loaded_rows = mr;
+        }
+        for (g, span) in b.spans.iter().enumerate() {
+            unit.zero(c)?;
+            for k0 in span.clone().step_by(kb) {
+                unit.load(ta, &x[m0 * b.kp + k0..], b.kp)?;
+                unit.load(tb, &expanded[k0 / 4 * CHUNK..(k0 + kb) / 4 * CHUNK], 64)?;
+                unit.dpbsud(c, ta, tb)?;
             }
-            for blk in 0..kblocks {
-                unit.zero(0)?;
-                unit.load(1, &a.data[m0 * kp + blk * kb..], kp)?;
-                unit.load(2, &w.b[(nb * kblocks + blk) * kb * 16..(nb * kblocks + blk + 1) * kb * 16], 64)?;
-                unit.dpbusd(0, 1, 2)?;
-                unit.store(0, &mut acc, 64)?;
-                let g = (blk * kb) / w.g_len;
-                for (r, row) in tot.iter_mut().enumerate().take(mr) {
-                    for (c, v) in row.iter_mut().enumerate() {
-                        let raw =
-                            i32::from_le_bytes(acc[r * 64 + 4 * c..r * 64 + 4 * c + 4].try_into().expect("4 bytes"));
-                        let x = raw.wrapping_sub(128i32.wrapping_mul(w.comp[(nb * kblocks + blk) * 16 + c]));
-                        *v += x as f32 * a.scales[m0 + r] * w.scales[g * n + nb * 16 + c];
-                    }
-                }
-            }
-            for (r, row) in tot.iter().enumerate().take(mr) {
-                out[(m0 + r) * n + nb * 16..(m0 + r) * n + nb * 16 + 16].copy_from_slice(row);
+            unit.store(c, &mut acc_bytes, 64)?;
+            for r in 0..mr {
+                let acc: [i32; 16] = std::array::from_fn(|i| {
+                    i32::from_le_bytes(acc_bytes[r * 64 + 4 * i..r * 64 + 4 * i + 4].try_into().expect("4 bytes"))
+                });
+                b.finish(m0 + r, g, &acc, &mut out[(m0 + r) * 16..(m0 + r + 1) * 16]);
             }
         }
         m0 += mr;
     }
     Ok(())
+}
+
+/// A W4A8 linear layer: quantizes its f32 input per token and runs the chosen kernel.
+#[derive(Debug)]
+pub struct W4A8Linear {
+    weights: W4A8Weights,
+    bias: Option<Vec<f32>>,
+    kernel: W4A8Kernel,
+}
+
+impl W4A8Linear {
+    /// The layer on the best kernel `caps` allows.
+    pub fn new(weights: W4A8Weights, bias: Option<Vec<f32>>, caps: &IsaCaps) -> Result<Self, KernelError> {
+        Self::with_kernel(weights, bias, W4A8Kernel::best(caps))
+    }
+
+    /// The layer on the kernel of exactly `level`, or a clear error naming what is missing.
+    pub fn forced(
+        weights: W4A8Weights,
+        bias: Option<Vec<f32>>,
+        level: IsaLevel,
+        caps: &IsaCaps,
+    ) -> Result<Self, KernelError> {
+        Self::with_kernel(weights, bias, W4A8Kernel::at_level(level, caps)?)
+    }
+
+    /// The layer on `kernel`.
+    pub fn with_kernel(weights: W4A8Weights, bias: Option<Vec<f32>>, kernel: W4A8Kernel) -> Result<Self, KernelError> {
+        if let Some(b) = &bias {
+            check_len("bias", weights.n, b.len())?;
+        }
+        Ok(W4A8Linear { weights, bias, kernel })
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &W4A8Weights {
+        &self.weights
+    }
+
+    /// The kernel `forward` runs for `m` rows.
+    pub fn kernel_for(&self, m: usize) -> KernelId {
+        self.kernel.id_for(m)
+    }
+
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized per token to int8.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let a = quantize_activations(x, m, &self.weights)?;
+        gemm(self.kernel, &a, &self.weights, self.bias.as_deref(), out)
+    }
 }

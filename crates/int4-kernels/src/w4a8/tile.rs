@@ -8,9 +8,10 @@
 //! hardware would fault (`#UD`) or silently compute on the wrong shape. So the whole kernel is tested here,
 //! bit for bit, on a machine without AMX.
 //!
-//! The hardware implementation (`ldtilecfg`/`tileloadd`/`tdpbusd`/`tilestored`/`tilerelease` through
-//! `asm!`, constructed only through a capability token that checks CPUID, XCR0 and Linux's tile
-//! permission) is not in this build: no machine this project runs on has AMX to test it against.
+//! The hardware implementation (`AmxTiles` in `super::amx`: `ldtilecfg`/`tileloadd`/`tdpbsud`/`tilestored`/
+//! `tilerelease` through `asm!`) can only be constructed through a capability token that checks CPUID,
+//! XCR0 and Linux's tile permission, and performs the same operand checks as the emulator
+//! ([`TileShapes`]) before every instruction, so a mistake is an error on either unit.
 
 use std::fmt;
 
@@ -118,6 +119,9 @@ pub trait TileUnit {
     fn load(&mut self, t: usize, base: &[u8], stride: usize) -> Result<(), TileError>;
     /// `TDPBUSD dst, a, b`: `dst.i32[m][n] += Σ_{k, i<4} u8(a[m][4k+i])·s8(b[k][4n+i])`, wrapping.
     fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError>;
+    /// `TDPBSUD dst, a, b`: `dst.i32[m][n] += Σ_{k, i<4} s8(a[m][4k+i])·u8(b[k][4n+i])`, wrapping. The W4A8
+    /// kernel's instruction: signed int8 activations in A, unsigned 4-bit codes in B.
+    fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError>;
     /// `TILESTORED [base + row·stride], t`.
     fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError>;
     /// `TILERELEASE`: back to the unconfigured state.
@@ -127,7 +131,7 @@ pub trait TileUnit {
 /// The software emulator.
 #[derive(Clone, Debug)]
 pub struct TileEmulator {
-    cfg: Option<TileConfig>,
+    cfg: TileShapes,
     tiles: Vec<[u8; MAX_ROWS * MAX_COLSB]>,
 }
 
@@ -140,71 +144,22 @@ impl Default for TileEmulator {
 impl TileEmulator {
     /// An unconfigured tile unit.
     pub fn new() -> Self {
-        TileEmulator { cfg: None, tiles: vec![[0; MAX_ROWS * MAX_COLSB]; TILES] }
+        TileEmulator { cfg: TileShapes::default(), tiles: vec![[0; MAX_ROWS * MAX_COLSB]; TILES] }
     }
 
-    fn shape(&self, t: usize) -> Result<(usize, usize), TileError> {
-        let cfg = self.cfg.as_ref().ok_or(TileError::NotConfigured)?;
-        if t >= TILES || cfg.rows[t] == 0 {
-            return Err(TileError::BadTile(t));
-        }
-        Ok((usize::from(cfg.rows[t]), usize::from(cfg.colsb[t])))
-    }
-}
-
-impl TileUnit for TileEmulator {
-    fn load_config(&mut self, cfg: &TileConfig) -> Result<(), TileError> {
-        cfg.validate()?;
-        self.cfg = Some(*cfg);
-        for t in &mut self.tiles {
-            t.fill(0);
-        }
-        Ok(())
-    }
-
-    fn zero(&mut self, t: usize) -> Result<(), TileError> {
-        self.shape(t)?;
-        self.tiles[t].fill(0);
-        Ok(())
-    }
-
-    fn load(&mut self, t: usize, base: &[u8], stride: usize) -> Result<(), TileError> {
-        let (rows, colsb) = self.shape(t)?;
-        if rows > 0 && base.len() < (rows - 1) * stride + colsb {
-            return Err(TileError::OutOfBounds(format!(
-                "tile {t} needs {} bytes, got {}",
-                (rows - 1) * stride + colsb,
-                base.len()
-            )));
-        }
-        for r in 0..rows {
-            self.tiles[t][r * MAX_COLSB..r * MAX_COLSB + colsb].copy_from_slice(&base[r * stride..r * stride + colsb]);
-        }
-        Ok(())
-    }
-
-    fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
-        let (dr, dc) = self.shape(dst)?;
-        let (ar, ac) = self.shape(a)?;
-        let (br, bc) = self.shape(b)?;
-        if dst == a || dst == b || a == b {
-            return Err(TileError::ShapeMismatch("TDPBUSD needs three distinct tiles".into()));
-        }
-        if ar != dr || bc != dc || ac != 4 * br || dc % 4 != 0 || ac % 4 != 0 {
-            return Err(TileError::ShapeMismatch(format!(
-                "dst {dr}×{dc}, a {ar}×{ac}, b {br}×{bc}: need a.rows = dst.rows, b.colsb = dst.colsb, a.colsb = 4·b.rows"
-            )));
-        }
+    fn dot(&mut self, dst: usize, a: usize, b: usize, a_signed: bool) -> Result<(), TileError> {
+        let (dr, dc, br) = self.cfg.check_dot(dst, a, b)?;
         let (ta, tb) = (self.tiles[a], self.tiles[b]);
         let td = &mut self.tiles[dst];
+        let byte = |v: u8, signed: bool| if signed { i32::from(v as i8) } else { i32::from(v) };
         for m in 0..dr {
             for n in 0..dc / 4 {
                 let o = m * MAX_COLSB + 4 * n;
                 let mut acc = i32::from_le_bytes(td[o..o + 4].try_into().expect("4 bytes"));
                 for k in 0..br {
                     for i in 0..4 {
-                        let x = i32::from(ta[m * MAX_COLSB + 4 * k + i]);
-                        let w = i32::from(tb[k * MAX_COLSB + 4 * n + i] as i8);
+                        let x = byte(ta[m * MAX_COLSB + 4 * k + i], a_signed);
+                        let w = byte(tb[k * MAX_COLSB + 4 * n + i], !a_signed);
                         acc = acc.wrapping_add(x * w);
                     }
                 }
@@ -213,16 +168,105 @@ impl TileUnit for TileEmulator {
         }
         Ok(())
     }
+}
 
-    fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError> {
+/// The loaded configuration as both tile units see it: every instruction's operands are checked against it
+/// first, so a kernel's configuration mistake is an error on the emulator and on hardware alike (where the
+/// instruction would otherwise fault or compute on the wrong shape).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TileShapes {
+    cfg: Option<TileConfig>,
+}
+
+impl TileShapes {
+    /// Validates and records `cfg` (what `LDTILECFG` does to the state).
+    pub fn load(&mut self, cfg: &TileConfig) -> Result<(), TileError> {
+        cfg.validate()?;
+        self.cfg = Some(*cfg);
+        Ok(())
+    }
+
+    /// Back to unconfigured (`TILERELEASE`).
+    pub fn release(&mut self) {
+        self.cfg = None;
+    }
+
+    /// Whether a configuration is loaded.
+    pub fn is_configured(&self) -> bool {
+        self.cfg.is_some()
+    }
+
+    /// `(rows, colsb)` of tile `t`, if configured.
+    pub fn shape(&self, t: usize) -> Result<(usize, usize), TileError> {
+        let cfg = self.cfg.as_ref().ok_or(TileError::NotConfigured)?;
+        if t >= TILES || cfg.rows[t] == 0 {
+            return Err(TileError::BadTile(t));
+        }
+        Ok((usize::from(cfg.rows[t]), usize::from(cfg.colsb[t])))
+    }
+
+    /// Checks a memory operand of `len` bytes with `stride` for tile `t`; returns its `(rows, colsb)`.
+    pub fn check_memory(&self, t: usize, len: usize, stride: usize) -> Result<(usize, usize), TileError> {
         let (rows, colsb) = self.shape(t)?;
-        if rows > 0 && base.len() < (rows - 1) * stride + colsb {
+        let need = (rows - 1).checked_mul(stride).and_then(|v| v.checked_add(colsb));
+        if need.is_none_or(|need| len < need) {
             return Err(TileError::OutOfBounds(format!(
-                "tile {t} needs {} bytes, got {}",
-                (rows - 1) * stride + colsb,
-                base.len()
+                "tile {t} ({rows} rows × {colsb} bytes, stride {stride}) does not fit in {len} bytes"
             )));
         }
+        Ok((rows, colsb))
+    }
+
+    /// Checks a dot product's three tiles; returns `(dst rows, dst colsb, b rows)`.
+    pub fn check_dot(&self, dst: usize, a: usize, b: usize) -> Result<(usize, usize, usize), TileError> {
+        let (dr, dc) = self.shape(dst)?;
+        let (ar, ac) = self.shape(a)?;
+        let (br, bc) = self.shape(b)?;
+        if dst == a || dst == b || a == b {
+            return Err(TileError::ShapeMismatch("a tile dot product needs three distinct tiles".into()));
+        }
+        if ar != dr || bc != dc || ac != 4 * br || dc % 4 != 0 || ac % 4 != 0 {
+            return Err(TileError::ShapeMismatch(format!(
+                "dst {dr}×{dc}, a {ar}×{ac}, b {br}×{bc}: need a.rows = dst.rows, b.colsb = dst.colsb, a.colsb = 4·b.rows"
+            )));
+        }
+        Ok((dr, dc, br))
+    }
+}
+
+impl TileUnit for TileEmulator {
+    fn load_config(&mut self, cfg: &TileConfig) -> Result<(), TileError> {
+        self.cfg.load(cfg)?;
+        for t in &mut self.tiles {
+            t.fill(0);
+        }
+        Ok(())
+    }
+
+    fn zero(&mut self, t: usize) -> Result<(), TileError> {
+        self.cfg.shape(t)?;
+        self.tiles[t].fill(0);
+        Ok(())
+    }
+
+    fn load(&mut self, t: usize, base: &[u8], stride: usize) -> Result<(), TileError> {
+        let (rows, colsb) = self.cfg.check_memory(t, base.len(), stride)?;
+        for r in 0..rows {
+            self.tiles[t][r * MAX_COLSB..r * MAX_COLSB + colsb].copy_from_slice(&base[r * stride..r * stride + colsb]);
+        }
+        Ok(())
+    }
+
+    fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.dot(dst, a, b, false)
+    }
+
+    fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.dot(dst, a, b, true)
+    }
+
+    fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError> {
+        let (rows, colsb) = self.cfg.check_memory(t, base.len(), stride)?;
         for r in 0..rows {
             base[r * stride..r * stride + colsb].copy_from_slice(&self.tiles[t][r * MAX_COLSB..r * MAX_COLSB + colsb]);
         }
@@ -230,6 +274,6 @@ impl TileUnit for TileEmulator {
     }
 
     fn release(&mut self) {
-        self.cfg = None;
+        self.cfg.release();
     }
 }

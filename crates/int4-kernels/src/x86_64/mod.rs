@@ -2,3 +2,4 @@
 //! while holding the matching capability token from [`crate::isa`].
 
 pub mod avx2;
+pub mod w4a8;

@@ -50,7 +50,7 @@ pub fn runnable_variants(test: &str) -> Vec<Variant> {
 
 /// Appends a skip to `target/tmp/int4-test-skips.txt`, which `cargo xtask ci` prints after the tests
 /// (the test harness hides a passing test's output, and a skip must not go unheard).
-fn record_skip(msg: &str) {
+pub fn record_skip(msg: &str) {
     use std::io::Write;
     let path = concat!(env!("CARGO_TARGET_TMPDIR"), "/int4-test-skips.txt");
     if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {

@@ -1,0 +1,228 @@
+//! The hardware tile unit: Intel AMX through `asm!` (the AMX intrinsics are not stable Rust).
+//!
+//! [`AmxTiles`] implements [`TileUnit`] with the real instructions. It can only be built from an
+//! [`AmxInt8`] token, whose constructor checks the live CPU (see [`amx_int8_usable`]), and it checks every
+//! instruction's operands against the loaded configuration first ([`TileShapes`], the emulator's own
+//! checks), so an instruction it executes can neither fault for want of a configuration nor touch memory
+//! outside the slices it was given.
+//!
+//! Tile state lives in the thread's registers, so a unit is neither `Send` nor `Sync`: each thread builds
+//! its own, loads its own configuration, and the unit releases the tiles when dropped.
+//!
+//! Tile numbers are part of an AMX instruction's encoding, so a run-time tile index becomes a `match` over
+//! instructions. Loads, stores and zeroing take any of the eight tiles; the dot products take the roles
+//! the W4A8 kernel gives them (accumulators in tiles 0–3, A in 4–5, B in 6–7) and report any other triple
+//! as an error.
+
+use std::marker::PhantomData;
+
+use super::tile::{TileConfig, TileError, TileShapes, TileUnit};
+use crate::isa::AmxInt8;
+
+/// Whether AMX-INT8 can execute in this process, checked once on the live CPU and cached:
+///
+/// * CPUID.(EAX=7,ECX=0):EDX reports AMX-TILE (bit 24) and AMX-INT8 (bit 25);
+/// * CPUID.1:ECX.OSXSAVE, and only then XCR0, shows the OS enabled XTILECFG and XTILEDATA (bits 17, 18);
+/// * CPUID leaf 0x1D palette 1 offers 8 tiles of 16 rows × 64 bytes, and leaf 0x1E a TMUL of K ≥ 16 rows
+///   and N ≥ 64 bytes;
+/// * Linux granted `ARCH_REQ_XCOMP_PERM` for XTILEDATA (requested here, once per process).
+pub fn amx_int8_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(probe)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn probe() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    let max_leaf = __cpuid_count(0, 0).eax;
+    if max_leaf < 0x1E {
+        return false;
+    }
+    let leaf7 = __cpuid_count(7, 0);
+    let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
+    let osxsave = __cpuid_count(1, 0).ecx >> 27 & 1 == 1;
+    if !(tile && int8 && osxsave) {
+        return false;
+    }
+    // SAFETY: CPUID.1:ECX.OSXSAVE is set (checked just above on the live CPU), the condition under which
+    // XGETBV is a valid instruction; reading XCR0 has no side effects.
+    let xcr0 = unsafe { read_xcr0() };
+    if xcr0 & (0b11 << 17) != 0b11 << 17 {
+        return false;
+    }
+    let palette1 = __cpuid_count(0x1D, 1);
+    let (names, bytes_per_row, max_rows) = (palette1.ebx >> 16, palette1.ebx & 0xFFFF, palette1.ecx & 0xFFFF);
+    let tmul = __cpuid_count(0x1E, 0);
+    let (tmul_k, tmul_n) = (tmul.ebx & 0xFF, (tmul.ebx >> 8) & 0xFFFF);
+    if names < 8 || bytes_per_row < 64 || max_rows < 16 || tmul_k < 16 || tmul_n < 64 {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_ulong = 18;
+    // SAFETY: ARCH_REQ_XCOMP_PERM takes the feature number by value and touches no user memory; refusal is
+    // an error return (for example when a signal stack is too small for the tile state), never a signal.
+    let rc = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+    rc == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn probe() -> bool {
+    false
+}
+
+/// # Safety
+/// CPUID.1:ECX.OSXSAVE must be set on the running CPU.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[target_feature(enable = "xsave")]
+unsafe fn read_xcr0() -> u64 {
+    // SAFETY: the caller guarantees OSXSAVE, so XGETBV is defined and XCR0 (index 0) exists.
+    unsafe { std::arch::x86_64::_xgetbv(0) }
+}
+
+/// The hardware tile unit of the calling thread.
+#[derive(Debug)]
+pub struct AmxTiles {
+    shapes: TileShapes,
+    _token: AmxInt8,
+    /// Tile state belongs to one thread.
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl AmxTiles {
+    /// An unconfigured unit on the calling thread.
+    pub fn new(token: AmxInt8) -> Self {
+        AmxTiles { shapes: TileShapes::default(), _token: token, _thread_bound: PhantomData }
+    }
+}
+
+/// Runs `$body` with `$n` bound to the literal tile number `t` names (0–7), or returns `BadTile`.
+macro_rules! with_tile {
+    ($t:expr, |$n:ident| $body:expr) => {
+        match $t {
+            0 => with_tile!(@one 0, $n, $body),
+            1 => with_tile!(@one 1, $n, $body),
+            2 => with_tile!(@one 2, $n, $body),
+            3 => with_tile!(@one 3, $n, $body),
+            4 => with_tile!(@one 4, $n, $body),
+            5 => with_tile!(@one 5, $n, $body),
+            6 => with_tile!(@one 6, $n, $body),
+            7 => with_tile!(@one 7, $n, $body),
+            t => return Err(TileError::BadTile(t)),
+        }
+    };
+    (@one $lit:literal, $n:ident, $body:expr) => {{
+        macro_rules! $n {
+            () => {
+                stringify!($lit)
+            };
+        }
+        $body
+    }};
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileUnit for AmxTiles {
+    fn load_config(&mut self, cfg: &TileConfig) -> Result<(), TileError> {
+        self.shapes.load(cfg)?;
+        let image = cfg.to_bytes();
+        // SAFETY: the token proves AMX-TILE is usable in this process (CPUID, XCR0, Linux permission);
+        // `image` is a valid palette-1 configuration (validated above), 64 readable bytes.
+        unsafe { std::arch::asm!("ldtilecfg [{0}]", in(reg) image.as_ptr(), options(nostack, readonly)) };
+        Ok(())
+    }
+
+    fn zero(&mut self, t: usize) -> Result<(), TileError> {
+        self.shapes.shape(t)?;
+        with_tile!(t, |tn| {
+            // SAFETY: AMX is usable (token) and tile `t` is configured (checked above).
+            unsafe { std::arch::asm!(concat!("tilezero tmm", tn!()), options(nostack, nomem)) }
+        });
+        Ok(())
+    }
+
+    fn load(&mut self, t: usize, base: &[u8], stride: usize) -> Result<(), TileError> {
+        self.shapes.check_memory(t, base.len(), stride)?;
+        let p = base.as_ptr();
+        with_tile!(t, |tn| {
+            // SAFETY: AMX is usable (token); tile `t` is configured, and its rows at `stride` lie inside
+            // `base` (check_memory), so every byte the instruction reads is in bounds.
+            unsafe {
+                std::arch::asm!(
+                    concat!("tileloadd tmm", tn!(), ", [{p} + {s}*1]"),
+                    p = in(reg) p, s = in(reg) stride, options(nostack, readonly)
+                )
+            }
+        });
+        Ok(())
+    }
+
+    fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.shapes.check_dot(dst, a, b)?;
+        dot_roles("tdpbusd", dst, a, b)
+    }
+
+    fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.shapes.check_dot(dst, a, b)?;
+        dot_roles("tdpbsud", dst, a, b)
+    }
+
+    fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError> {
+        self.shapes.check_memory(t, base.len(), stride)?;
+        let p = base.as_mut_ptr();
+        with_tile!(t, |tn| {
+            // SAFETY: AMX is usable (token); tile `t` is configured, and its rows at `stride` lie inside
+            // `base` (check_memory), which is borrowed mutably, so every byte written is ours to write.
+            unsafe {
+                std::arch::asm!(
+                    concat!("tilestored [{p} + {s}*1], tmm", tn!()),
+                    p = in(reg) p, s = in(reg) stride, options(nostack)
+                )
+            }
+        });
+        Ok(())
+    }
+
+    fn release(&mut self) {
+        if self.shapes.is_configured() {
+            // SAFETY: AMX is usable (token); TILERELEASE returns the tiles to their initial state.
+            unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
+        }
+        self.shapes.release();
+    }
+}
+
+/// Executes one dot product with the kernel's tile roles: accumulators 0–3, A 4–5, B 6–7.
+#[cfg(target_arch = "x86_64")]
+fn dot_roles(op: &'static str, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+    macro_rules! dot {
+        ($($d:literal $a:literal $b:literal),*) => {
+            match (op, dst, a, b) {
+                $(
+                    ("tdpbusd", $d, $a, $b) => {
+                        // SAFETY: AMX is usable (the caller holds a token) and the three tiles are
+                        // configured with shapes the instruction accepts (check_dot).
+                        unsafe { std::arch::asm!(concat!("tdpbusd tmm", $d, ", tmm", $a, ", tmm", $b), options(nostack, nomem)) }
+                    }
+                    ("tdpbsud", $d, $a, $b) => {
+                        // SAFETY: as for tdpbusd above.
+                        unsafe { std::arch::asm!(concat!("tdpbsud tmm", $d, ", tmm", $a, ", tmm", $b), options(nostack, nomem)) }
+                    }
+                )*
+                _ => {
+                    return Err(TileError::ShapeMismatch(format!(
+                        "{op} tmm{dst}, tmm{a}, tmm{b}: the hardware unit takes accumulators in tiles 0-3, A in 4-5 and B in 6-7"
+                    )))
+                }
+            }
+        };
+    }
+    dot!(0 4 6, 0 4 7, 0 5 6, 0 5 7, 1 4 6, 1 4 7, 1 5 6, 1 5 7, 2 4 6, 2 4 7, 2 5 6, 2 5 7, 3 4 6, 3 4 7, 3 5 6, 3 5 7);
+    Ok(())
+}
+
+impl Drop for AmxTiles {
+    fn drop(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        self.release();
+    }
+}

@@ -1,0 +1,163 @@
+//! The W4A8 block kernels: AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`).
+//!
+//! Both read one 16-channel block's packed codes 64 bytes (8 input channels) at a time, split the nibbles
+//! with an AND and a shift into two K quads of unsigned codes, and multiply them with the broadcast signed
+//! int8 activations of those quads, `R` rows per pass so each weight load serves several rows. Sums stay
+//! in i32 for a whole group; the epilogue is the same f32 sequence as the portable kernel's
+//! ([`crate::w4a8`]), so every variant gives identical bits.
+//!
+//! **Safety model.** The public functions are safe: they take a capability token (proof the CPU has the
+//! features) and a [`Block`], whose slices the driver built with checked lengths: `w` holds
+//! `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 8, and the scale,
+//! zero and sum tables cover every group and column. The `unsafe` inner functions read only inside those.
+
+use std::arch::x86_64::*;
+
+use crate::isa::{Avx2Fma, Avx512Vnni};
+use crate::w4a8::Block;
+
+/// Reads the 4 activation bytes at `p` as one i32 (for a broadcast).
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn quad(p: *const i8) -> i32 {
+    // SAFETY: the caller guarantees 4 readable bytes; read_unaligned has no alignment requirement.
+    unsafe { p.cast::<i32>().read_unaligned() }
+}
+
+/// The AVX2 kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
+pub(crate) fn block_avx2(_tok: Avx2Fma, b: &Block, out: &mut [f32]) {
+    assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
+    let mut r0 = 0;
+    while r0 < b.m {
+        let rows = (b.m - r0).min(4);
+        // SAFETY: the token proves AVX2 + FMA; the block's invariants (module docs) and the assert above
+        // keep every access in bounds for rows r0..r0+rows.
+        unsafe {
+            match rows {
+                4 => rows_avx2::<4>(b, r0, out),
+                3 => rows_avx2::<3>(b, r0, out),
+                2 => rows_avx2::<2>(b, r0, out),
+                _ => rows_avx2::<1>(b, r0, out),
+            }
+        }
+        r0 += rows;
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA; `b` must satisfy the block invariants (module docs), `r0 + R ≤ m`,
+/// and `out` must hold `m × 16` values.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let w = b.w.as_ptr();
+    for (g, span) in b.spans.iter().enumerate() {
+        let mut acc = [[_mm256_setzero_si256(); 2]; R];
+        for j in span.start / 8..span.end / 8 {
+            // SAFETY: chunk j lies within w (j < kp/8).
+            let (v0, v1) =
+                unsafe { (_mm256_loadu_si256(w.add(j * 64).cast()), _mm256_loadu_si256(w.add(j * 64 + 32).cast())) };
+            let (lo0, hi0) = (_mm256_and_si256(v0, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v0), mask));
+            let (lo1, hi1) = (_mm256_and_si256(v1, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v1), mask));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
+                let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
+                // SAFETY: as above.
+                let (a0, a1) = unsafe { (_mm256_set1_epi32(quad(xp)), _mm256_set1_epi32(quad(xp.add(4)))) };
+                // Pair sums of u4·s8 stay within ±3810 and their sum within ±7620: no i16 saturation.
+                let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a0), _mm256_maddubs_epi16(hi0, a1));
+                let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a0), _mm256_maddubs_epi16(hi1, a1));
+                acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(s0, ones));
+                acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(s1, ones));
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let row = r0 + r;
+            let sum = _mm256_set1_epi32(b.sums[row * b.groups + g]);
+            let a_scale = _mm256_set1_ps(b.a_scales[row]);
+            for (h, &acc) in acc.iter().enumerate() {
+                let col = b.col0 + 8 * h;
+                let z = match b.zeros {
+                    // SAFETY: 8 zero points of group g from column col lie within the [G][N] table.
+                    Some(z) => _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(z.as_ptr().add(g * b.n + col).cast()) }),
+                    None => _mm256_set1_epi32(8),
+                };
+                let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_mullo_epi32(z, sum)));
+                // SAFETY: 8 scales of group g from column col lie within the [G][N] table.
+                let ws = unsafe { _mm256_loadu_ps(b.w_scales.as_ptr().add(g * b.n + col)) };
+                // SAFETY: row < m, so out[row·16 + 8h .. +8] is within out.
+                let o = unsafe { out.as_mut_ptr().add(row * 16 + 8 * h) };
+                // SAFETY: as above.
+                unsafe { _mm256_storeu_ps(o, _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws), _mm256_loadu_ps(o))) };
+            }
+        }
+    }
+}
+
+/// The AVX-512 VNNI kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
+pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
+    assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
+    let mut r0 = 0;
+    while r0 < b.m {
+        let rows = (b.m - r0).min(8);
+        // SAFETY: the token proves AVX-512 F/BW/VL + VNNI; the block's invariants (module docs) and the
+        // assert above keep every access in bounds for rows r0..r0+rows.
+        unsafe {
+            match rows {
+                8 => rows_vnni::<8>(b, r0, out),
+                7 => rows_vnni::<7>(b, r0, out),
+                6 => rows_vnni::<6>(b, r0, out),
+                5 => rows_vnni::<5>(b, r0, out),
+                4 => rows_vnni::<4>(b, r0, out),
+                3 => rows_vnni::<3>(b, r0, out),
+                2 => rows_vnni::<2>(b, r0, out),
+                _ => rows_vnni::<1>(b, r0, out),
+            }
+        }
+        r0 += rows;
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL and VNNI; `b` must satisfy the block invariants (module docs),
+/// `r0 + R ≤ m`, and `out` must hold `m × 16` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_vnni<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
+    let mask = _mm512_set1_epi8(0x0F);
+    let w = b.w.as_ptr();
+    for (g, span) in b.spans.iter().enumerate() {
+        let mut acc = [_mm512_setzero_si512(); R];
+        for j in span.start / 8..span.end / 8 {
+            // SAFETY: chunk j lies within w (j < kp/8).
+            let v = unsafe { _mm512_loadu_si512(w.add(j * 64).cast()) };
+            let (lo, hi) = (_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
+                let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
+                // SAFETY: as above.
+                let (a0, a1) = unsafe { (_mm512_set1_epi32(quad(xp)), _mm512_set1_epi32(quad(xp.add(4)))) };
+                *acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*acc, lo, a0), hi, a1);
+            }
+        }
+        for (r, &acc) in acc.iter().enumerate() {
+            let row = r0 + r;
+            let z = match b.zeros {
+                // SAFETY: 16 zero points of group g from column col0 lie within the [G][N] table.
+                Some(z) => _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * b.n + b.col0).cast()) }),
+                None => _mm512_set1_epi32(8),
+            };
+            let sum = _mm512_set1_epi32(b.sums[row * b.groups + g]);
+            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_mullo_epi32(z, sum)));
+            // SAFETY: 16 scales of group g from column col0 lie within the [G][N] table.
+            let ws = unsafe { _mm512_loadu_ps(b.w_scales.as_ptr().add(g * b.n + b.col0)) };
+            let s = _mm512_mul_ps(_mm512_set1_ps(b.a_scales[row]), ws);
+            // SAFETY: row < m, so out[row·16 .. +16] is within out.
+            let o = unsafe { out.as_mut_ptr().add(row * 16) };
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(o, _mm512_fmadd_ps(v, s, _mm512_loadu_ps(o))) };
+        }
+    }
+}
