@@ -9,12 +9,15 @@
 //! 2. `w4a16-amx-bf16` — AMX-BF16 tiles for the W4A16 prefill.
 //! 3. `w4a8-vnni` — GPTQ checkpoints, speed priority, AVX-512 VNNI.
 //! 4. `w4a16-avx512` — AVX-512 (BF16 for the prefill's `vdpbf16ps`).
-//! 5. `w4a16-avx2` — AVX2 + FMA: decode GEMV and dequantizing FMA prefill.
-//! 6. `wna16-portable` — anything, including other architectures.
+//! 5. `w4a8-avx2` — GPTQ checkpoints, speed priority, AVX2 (`vpmaddubsw`).
+//! 6. `w4a16-avx2` — AVX2 + FMA: decode GEMV and dequantizing FMA prefill.
+//! 7. `wna16-portable` — anything, including other architectures.
 //!
-//! Rungs 1–4 have no kernels in this build yet; they are kept in the ladder so the plan says so instead of
-//! pretending they do not exist. W4A8 needs integer zero points: a `cpu_int4` checkpoint (float zeros) stays
-//! W4A16 rather than carrying an extra `z·Σx` term.
+//! Rungs 2 and 4 (the AVX-512 and AMX-BF16 W4A16 kernels) have no kernels in this build yet; they are kept
+//! in the ladder so the plan says so instead of pretending they do not exist. W4A8 needs integer zero
+//! points: a `cpu_int4` checkpoint (float zeros) stays W4A16. An unquantized checkpoint takes W4A8 only when
+//! the path is forced, and is then quantized at load to integer zero points, as an asymmetric GPTQ
+//! checkpoint would be.
 
 use int4_kernels::KernelId;
 use int4_kernels::isa::IsaLevel;
@@ -104,6 +107,8 @@ pub enum PackedLayout {
     RowMajor,
     /// Unquantized bf16.
     Bf16,
+    /// 4-bit codes in VNNI quad pairs per 16 channels, integer zero points (the W4A8 kernels).
+    W4a8Vnni,
 }
 
 /// One phase's kernel.
@@ -217,14 +222,23 @@ fn w4a8_gate(kind: CheckpointKind, prio: Priority) -> Result<(), String> {
                 "W4A8 needs integer zero points; cpu_int4 has float zeros, so it stays W4A16 (no z·Σx term is carried)"
                     .into()
             }
-            _ => "W4A8 needs a GPTQ checkpoint (integer zero points); quantize one with `int4 quantize --format gptq`"
-                .into(),
+            _ => "W4A8 needs integer zero points: a GPTQ checkpoint, or `--path w4a8` to quantize at load".into(),
         });
     }
     Ok(())
 }
 
-const LADDER: [Rung; 6] = [
+fn avx2_reason(s: &CpuSnapshot) -> Result<(), String> {
+    if s.arch != "x86_64" {
+        return Err(format!("{} is not x86-64", s.arch));
+    }
+    if !(s.cpu.avx2 && s.cpu.fma) {
+        return Err("CPU lacks AVX2/FMA".into());
+    }
+    if !s.os.avx_state { Err("AVX present but the OS has not enabled its state in XCR0".into()) } else { Ok(()) }
+}
+
+const LADDER: [Rung; 7] = [
     Rung {
         name: "w4a8-amx",
         check: |s, k, p| {
@@ -233,7 +247,7 @@ const LADDER: [Rung; 6] = [
             if !s.cpu.avx512vnni { Err("CPU lacks AVX-512 VNNI for the decode kernel".into()) } else { Ok(()) }
         },
         level: IsaLevel::Amx,
-        kernels: None,
+        kernels: Some((KernelId::W4a8Vnni, KernelId::W4a8Amx, PackedLayout::W4a8Vnni)),
         is_w4a8: true,
     },
     Rung {
@@ -251,7 +265,7 @@ const LADDER: [Rung; 6] = [
             if !s.cpu.avx512vnni { Err("CPU lacks AVX-512 VNNI".into()) } else { Ok(()) }
         },
         level: IsaLevel::Avx512,
-        kernels: None,
+        kernels: Some((KernelId::W4a8Vnni, KernelId::W4a8Vnni, PackedLayout::W4a8Vnni)),
         is_w4a8: true,
     },
     Rung {
@@ -265,20 +279,18 @@ const LADDER: [Rung; 6] = [
         is_w4a8: false,
     },
     Rung {
-        name: "w4a16-avx2",
-        check: |s, _, _| {
-            if s.arch != "x86_64" {
-                return Err(format!("{} is not x86-64", s.arch));
-            }
-            if !(s.cpu.avx2 && s.cpu.fma) {
-                return Err("CPU lacks AVX2/FMA".into());
-            }
-            if !s.os.avx_state {
-                Err("AVX present but the OS has not enabled its state in XCR0".into())
-            } else {
-                Ok(())
-            }
+        name: "w4a8-avx2",
+        check: |s, k, p| {
+            w4a8_gate(k, p)?;
+            avx2_reason(s)
         },
+        level: IsaLevel::Avx2,
+        kernels: Some((KernelId::W4a8Avx2, KernelId::W4a8Avx2, PackedLayout::W4a8Vnni)),
+        is_w4a8: true,
+    },
+    Rung {
+        name: "w4a16-avx2",
+        check: |s, _, _| avx2_reason(s),
         level: IsaLevel::Avx2,
         kernels: Some((KernelId::W4a16DecodeAvx2, KernelId::W4a16PrefillDirectAvx2, PackedLayout::Tinygemm32)),
         is_w4a8: false,
@@ -300,7 +312,7 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
     let mut rejected = Vec::new();
 
     if o.path == PathChoice::Bf16 {
-        let avx2 = (LADDER[4].check)(s, kind, priority).is_ok() && o.isa_cap.is_none_or(|c| c >= IsaLevel::Avx2);
+        let avx2 = avx2_reason(s).is_ok() && o.isa_cap.is_none_or(|c| c >= IsaLevel::Avx2);
         let (id, level) = if avx2 {
             (KernelId::DenseBf16GemmAvx2, IsaLevel::Avx2)
         } else {
@@ -328,9 +340,14 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
         if forced_out {
             continue;
         }
-        let why = if let Err(why) =
-            (rung.check)(s, kind, if o.path == PathChoice::W4a8 { Priority::Speed } else { priority })
-        {
+        // Forcing W4A8 overrides the priority; an unquantized checkpoint is then quantized at load to
+        // integer zero points, which is what an asymmetric GPTQ checkpoint holds.
+        let (kind, priority) = match (o.path, kind) {
+            (PathChoice::W4a8, CheckpointKind::Bf16) => (CheckpointKind::GptqAsym, Priority::Speed),
+            (PathChoice::W4a8, _) => (kind, Priority::Speed),
+            _ => (kind, priority),
+        };
+        let why = if let Err(why) = (rung.check)(s, kind, priority) {
             Some(why)
         } else if o.isa_cap.is_some_and(|cap| rung.level > cap) {
             Some(format!("capped by INT4_ISA={}", o.isa_cap.map_or("", |c| c.name())))
@@ -346,7 +363,7 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
                     path: rung.name.into(),
                     decode: KernelPlan { kernel: decode.name().into(), isa: rung.level },
                     prefill: KernelPlan {
-                        kernel: if direct || prefill == KernelId::Wna16Portable {
+                        kernel: if direct || rung.is_w4a8 || prefill == KernelId::Wna16Portable {
                             prefill.name().into()
                         } else {
                             KernelId::W4a16PrefillHalvesAvx2.name().into()

@@ -2,7 +2,7 @@
 //! replayed through raw-cpuid together with an XCR0 and an AMX permission outcome, plus the live host.
 
 use int4_kernels::isa::IsaLevel;
-use int4_select::policy::{CheckpointKind, Overrides, PathChoice, Priority, plan};
+use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, PathChoice, Priority, plan};
 use int4_select::probe::{RecordedCpuid, non_x86_snapshot, snapshot_from};
 use int4_select::{AmxPermission, CpuSnapshot};
 use std::fmt::Write;
@@ -143,7 +143,14 @@ fn rejections_name_the_real_reason() {
     assert!(why(&get("zen4"), CheckpointKind::CpuInt4, Priority::Speed, "w4a8-vnni").contains("float zeros"));
     assert!(why(&get("zen4"), CheckpointKind::GptqAsym, Priority::Fidelity, "w4a8-vnni").contains("fidelity"));
     assert!(why(&get("skylake_x"), CheckpointKind::GptqSym, Priority::Speed, "w4a8-vnni").contains("VNNI"));
-    assert!(why(&get("sapphire_rapids"), CheckpointKind::GptqSym, Priority::Speed, "w4a8-amx").contains("no kernels"));
+    assert!(why(&get("haswell"), CheckpointKind::GptqSym, Priority::Speed, "w4a8-vnni").contains("AVX-512"));
+    let spr = plan(&get("sapphire_rapids"), CheckpointKind::GptqSym, Priority::Speed, &Overrides::default()).unwrap();
+    assert_eq!(
+        (spr.path.as_str(), spr.decode.kernel.as_str(), spr.prefill.kernel.as_str()),
+        ("w4a8-amx", "w4a8-vnni", "w4a8-amx")
+    );
+    let hsw = plan(&get("haswell"), CheckpointKind::GptqAsym, Priority::Speed, &Overrides::default()).unwrap();
+    assert_eq!((hsw.path.as_str(), hsw.layout), ("w4a8-avx2", PackedLayout::W4a8Vnni));
     assert!(why(&get("haswell"), CheckpointKind::Bf16, Priority::Speed, "w4a16-avx512").contains("AVX-512"));
 }
 
@@ -154,16 +161,17 @@ fn overrides_caps_and_forced_paths() {
     let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &capped).unwrap();
     assert_eq!(p.path, "wna16-portable");
     assert!(p.rejected.iter().any(|r| r.path == "w4a16-avx2" && r.why.contains("INT4_ISA")));
-    // A forced path this build or CPU cannot run is an error naming what is missing.
-    let e = plan(
-        &hsw,
-        CheckpointKind::GptqSym,
-        Priority::Speed,
-        &Overrides { path: PathChoice::W4a8, ..Overrides::default() },
-    )
-    .unwrap_err();
-    assert!(e.to_string().contains("w4a8") && e.missing.contains("AMX"), "{e}");
+    // Forcing W4A8 overrides the fidelity priority, and takes an unquantized checkpoint (quantized at load).
+    let w4a8 = Overrides { path: PathChoice::W4a8, ..Overrides::default() };
+    let p = plan(&hsw, CheckpointKind::Bf16, Priority::Fidelity, &w4a8).unwrap();
+    assert_eq!((p.path.as_str(), p.prefill.kernel.as_str()), ("w4a8-avx2", "w4a8-avx2"));
+    // ... but never a cpu_int4 checkpoint's float zeros.
+    let e = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &w4a8).unwrap_err();
+    assert!(e.missing.contains("float zeros"), "{e}");
+    // A forced path this CPU cannot run is an error naming what is missing.
     let sse = linux("sse_only");
+    let e = plan(&sse, CheckpointKind::GptqSym, Priority::Speed, &w4a8).unwrap_err();
+    assert!(e.to_string().contains("w4a8") && e.missing.contains("AMX") && e.missing.contains("AVX2"), "{e}");
     let e = plan(
         &sse,
         CheckpointKind::CpuInt4,
