@@ -89,6 +89,8 @@ struct InfoArgs {
 enum PathArg {
     Auto,
     W4a16,
+    /// 4-bit weights, int8 activations (integer zero points; an unquantized checkpoint is quantized at load).
+    W4a8,
     Wna16,
     Bf16,
     F32,
@@ -179,6 +181,7 @@ fn run_path(p: PathArg) -> RunPath {
     match p {
         PathArg::Auto => RunPath::Auto,
         PathArg::W4a16 => RunPath::W4a16,
+        PathArg::W4a8 => RunPath::W4a8,
         PathArg::Wna16 => RunPath::Wna16,
         PathArg::Bf16 => RunPath::Bf16,
         PathArg::F32 => RunPath::F32,

@@ -42,6 +42,8 @@ pub enum RunPath {
     W4a16,
     /// 4-bit weights, the portable fallback.
     Wna16,
+    /// 4-bit weights with integer zero points, int8 activations (fastest, less faithful).
+    W4a8,
     /// Unquantized bf16 weights.
     Bf16,
     /// Unquantized f32 weights (the reference).
@@ -648,6 +650,7 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
         RunPath::Auto => PathChoice::Auto,
         RunPath::W4a16 => PathChoice::W4a16,
         RunPath::Wna16 => PathChoice::Wna16,
+        RunPath::W4a8 => PathChoice::W4a8,
     };
     let snap = int4_select::snapshot_for_policy().map_err(|e| Error::new("CPU profile", e.to_string()))?;
     let isa_cap = std::env::var("INT4_ISA").ok().and_then(|v| IsaLevel::parse(&v));
@@ -661,6 +664,7 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
             level: p.decode.isa,
         },
         PackedLayout::RowMajor => Numerics::Wna16 { group },
+        PackedLayout::W4a8Vnni => Numerics::W4a8 { group, level: p.decode.isa },
         PackedLayout::Bf16 => Numerics::Bf16,
     };
     Ok((numerics, Some(p)))

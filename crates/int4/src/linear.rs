@@ -5,13 +5,14 @@ use int4_kernels::bytes::SharedBytes;
 use int4_kernels::dense::{DenseLinear, DenseWeights};
 use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::portable::Wna16Linear;
+use int4_kernels::w4a8::{W4A8Linear, W4A8Weights};
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
-use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
+use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_integer_zero};
 use int4_layout::tinygemm::TinygemmBlock;
 use int4_layout::{GroupParams, GroupSize, rowmajor};
 
 use crate::error::{Error, Result};
-use crate::quantized::QuantLinear;
+use crate::quantized::{IntegerZeros, QuantLinear};
 
 /// How a model's linear layers are run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,12 +37,21 @@ pub enum Numerics {
         /// Group size.
         group: GroupSize,
     },
+    /// 4-bit weights with integer zero points, activations quantized per token to int8. Quantized on load
+    /// (round-to-nearest, asymmetric integer grid) when the checkpoint is unquantized.
+    W4a8 {
+        /// Group size.
+        group: GroupSize,
+        /// ISA the kernels run at.
+        level: IsaLevel,
+    },
 }
 
 enum Imp {
     Dense(DenseLinear),
     W4a16(W4A16Linear),
     Wna16(Wna16Linear),
+    W4a8(W4A8Linear),
 }
 
 /// `y = x·Wᵀ (+ bias)` with W `[n][k]`.
@@ -67,7 +77,7 @@ pub type SectionSource<'a> = &'a dyn Fn(&str) -> Option<SharedBytes>;
 impl Numerics {
     /// Whether the weights are quantized and packed (and so worth an artifact in the cache).
     pub fn is_packed(self) -> bool {
-        matches!(self, Numerics::W4a16 { .. } | Numerics::Wna16 { .. })
+        matches!(self, Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. })
     }
 }
 
@@ -105,7 +115,7 @@ impl Linear {
                 let wb = w.iter().map(|&x| half::bf16::from_f32(x)).collect();
                 Imp::Dense(DenseLinear::new(n, k, DenseWeights::Bf16(wb), bias).map_err(|e| err(&e))?)
             }
-            Numerics::W4a16 { .. } | Numerics::Wna16 { .. } => {
+            Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } => {
                 let mut sections: Vec<(String, SharedBytes)> =
                     Self::pack(name, w, n, k, numerics)?.into_iter().map(|(s, b)| (s, b.into())).collect();
                 let get = |s: &str| sections.iter().position(|(n, _)| n == s).map(|i| sections[i].1.clone());
@@ -133,7 +143,7 @@ impl Linear {
     /// Packs a quantized checkpoint's codes and parameters for `numerics`: the sections an artifact stores.
     pub fn pack_codes(name: &str, q: QuantLinear, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
         let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
-        let QuantLinear { codes, params, perm } = q;
+        let QuantLinear { codes, params, zeros, perm } = q;
         let mut out = match numerics {
             Numerics::F32 | Numerics::Bf16 => return Ok(Vec::new()),
             Numerics::W4a16 { block, config, .. } => {
@@ -152,6 +162,37 @@ impl Linear {
                 (section(name, "rowmajor"), rowmajor::pack(&codes).map_err(|e| err(&e))?),
                 (section(name, "params"), params.to_le_bytes()),
             ],
+            Numerics::W4a8 { group, .. } => {
+                let (n, groups) = (codes.n(), params.groups());
+                let Some(zeros_ng) = zeros.per_group(n, groups) else {
+                    return Err(Error::new(
+                        name,
+                        "W4A8 needs integer zero points; this checkpoint stores float zeros (cpu_int4)",
+                    ));
+                };
+                let np = n.next_multiple_of(16);
+                let codes = codes.padded_n(16);
+                // [N][G] → [G][N], padded channels with scale 0 and zero point 8 (their outputs are dropped).
+                let mut scales_gn = vec![0.0f32; groups * np];
+                let mut zeros_gn = vec![8u8; groups * np];
+                for row in 0..n {
+                    for g in 0..groups {
+                        scales_gn[g * np + row] = params.scale(row, g);
+                        zeros_gn[g * np + row] = zeros_ng[row * groups + g];
+                    }
+                }
+                let symmetric = zeros == IntegerZeros::Symmetric;
+                let w = W4A8Weights::pack(&codes, &scales_gn, (!symmetric).then_some(&zeros_gn[..]), group)
+                    .map_err(|e| err(&e))?;
+                let mut out = vec![
+                    (section(name, "w4a8"), w.packed().to_vec()),
+                    (section(name, "w4a8_scales"), w.scales_le_bytes()),
+                ];
+                if let Some(z) = w.zeros() {
+                    out.push((section(name, "w4a8_zeros"), z.to_vec()));
+                }
+                out
+            }
         };
         if let Some(p) = perm {
             out.push((section(name, "perm"), p.iter().flat_map(|v| v.to_le_bytes()).collect()));
@@ -169,7 +210,17 @@ impl Linear {
                 let q =
                     quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
                 drop(w);
-                Self::pack_codes(name, QuantLinear { codes: q.codes, params: q.params, perm: None }, numerics)
+                let q = QuantLinear { codes: q.codes, params: q.params, zeros: IntegerZeros::Absent, perm: None };
+                Self::pack_codes(name, q, numerics)
+            }
+            Numerics::W4a8 { group, .. } => {
+                let q = quantize_integer_zero(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32)
+                    .map_err(|e| err(&e))?;
+                drop(w);
+                let params = q.to_float_zero().map_err(|e| err(&e))?;
+                let q =
+                    QuantLinear { codes: q.codes, params, zeros: IntegerZeros::PerGroup(q.zero_points), perm: None };
+                Self::pack_codes(name, q, numerics)
             }
         }
     }
@@ -223,6 +274,22 @@ impl Linear {
                 let imp = Imp::Wna16(Wna16Linear::new(need("rowmajor")?, params, bias).map_err(|e| err(&e))?);
                 Linear { n, k, n_padded: n, perm: None, imp }
             }
+            Numerics::W4a8 { group, level } => {
+                let np = n.next_multiple_of(16);
+                let weights = W4A8Weights::from_parts(
+                    need("w4a8")?,
+                    need("w4a8_scales")?,
+                    get(&section(name, "w4a8_zeros")),
+                    (np, k, group),
+                )
+                .map_err(|e| err(&e))?;
+                let bias = bias.map(|mut b| {
+                    b.resize(np, 0.0);
+                    b
+                });
+                let imp = Imp::W4a8(W4A8Linear::forced(weights, bias, level, caps).map_err(|e| err(&e))?);
+                Linear { n, k, n_padded: np, perm: None, imp }
+            }
         };
         Ok(Linear { perm, ..layer })
     }
@@ -243,6 +310,7 @@ impl Linear {
             Imp::Dense(d) => d.kernel_for(m),
             Imp::W4a16(l) => l.kernel_for(m),
             Imp::Wna16(l) => l.kernel(),
+            Imp::W4a8(l) => l.kernel_for(m),
         }
     }
 
@@ -260,6 +328,7 @@ impl Linear {
         let res = match &self.imp {
             Imp::Dense(_) => return None,
             Imp::W4a16(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
+            Imp::W4a8(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
             Imp::Wna16(l) => {
                 let bytes = &l.row_major()[row * self.k / 2..(row + 1) * self.k / 2];
                 let mut codes = vec![0u8; self.k];
@@ -279,6 +348,7 @@ impl Linear {
             Imp::Dense(d) => d.weight_bytes(),
             Imp::W4a16(l) => l.weights().resident_bytes(),
             Imp::Wna16(_) => self.n * self.k / 2 + self.n * self.k.div_ceil(32) * 8,
+            Imp::W4a8(l) => l.weights().resident_bytes(),
         }
     }
 
@@ -298,6 +368,7 @@ impl Linear {
                 Imp::Dense(d) => d.forward(x, m, out),
                 Imp::W4a16(l) => l.forward(x, m, out),
                 Imp::Wna16(l) => l.forward(x, m, out),
+                Imp::W4a8(l) => l.forward(x, m, out),
             }
         };
         if self.n_padded == self.n {

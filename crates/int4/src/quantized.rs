@@ -115,6 +115,28 @@ impl QuantFormat {
     }
 }
 
+/// Integer zero points, where the checkpoint has them: the W4A8 kernels compute with `q − z` in integers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IntegerZeros {
+    /// Float zeros only (`cpu_int4`).
+    Absent,
+    /// Symmetric: every zero point is 8.
+    Symmetric,
+    /// `[N][G]`, each below 16.
+    PerGroup(Vec<u8>),
+}
+
+impl IntegerZeros {
+    /// `[N][G]` zero points, expanded (8s when symmetric); `None` when absent.
+    pub fn per_group(&self, n: usize, groups: usize) -> Option<Vec<u8>> {
+        match self {
+            IntegerZeros::Absent => None,
+            IntegerZeros::Symmetric => Some(vec![8; n * groups]),
+            IntegerZeros::PerGroup(z) => Some(z.clone()),
+        }
+    }
+}
+
 /// One quantized linear read from a checkpoint: codes and parameters in the K order the kernels see, and
 /// the K permutation the activations need (act-order), if any.
 #[derive(Clone, Debug)]
@@ -123,6 +145,8 @@ pub struct QuantLinear {
     pub codes: Codes,
     /// Parameters `[N][G]` for the permuted K.
     pub params: GroupParams,
+    /// The integer zero points behind `params`' float zeros, when the checkpoint stores them.
+    pub zeros: IntegerZeros,
     /// Position `i` takes input channel `perm[i]`.
     pub perm: Option<Vec<u32>>,
 }
@@ -159,10 +183,18 @@ impl QuantLinear {
             scale.extend_from_slice(p.params.scales());
             zero.extend_from_slice(p.params.zeros());
         }
+        let zeros = if parts.iter().all(|p| p.zeros == IntegerZeros::Symmetric) {
+            IntegerZeros::Symmetric
+        } else {
+            let groups = group.groups(k);
+            let each: Option<Vec<Vec<u8>>> = parts.iter().map(|p| p.zeros.per_group(p.codes.n(), groups)).collect();
+            each.map_or(IntegerZeros::Absent, |z| IntegerZeros::PerGroup(z.concat()))
+        };
         let err = |e: int4_layout::LayoutError| Error::new(name, e.to_string());
         Ok(QuantLinear {
             codes: Codes::new(n, k, codes).map_err(err)?,
             params: GroupParams::new(n, k, group, scale, zero).map_err(err)?,
+            zeros,
             perm,
         })
     }
@@ -183,7 +215,12 @@ pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: 
             let codes = rowmajor::unpack(&packed, n, k).map_err(err)?;
             let scale = ckpt.f32(&t("weight_scale"), &[n, groups])?;
             let zero = ckpt.f32(&t("weight_zero"), &[n, groups])?;
-            Ok(QuantLinear { codes, params: GroupParams::new(n, k, group, scale, zero).map_err(err)?, perm: None })
+            Ok(QuantLinear {
+                codes,
+                params: GroupParams::new(n, k, group, scale, zero).map_err(err)?,
+                zeros: IntegerZeros::Absent,
+                perm: None,
+            })
         }
         QuantFormat::Gptq { sym, zeros, .. } => {
             if !k.is_multiple_of(8) || !n.is_multiple_of(8) {
@@ -212,6 +249,7 @@ pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: 
                 ));
             }
             let params = params_from_integer_zeros(n, k, group, &scales, zp).map_err(err)?;
+            let zeros = integer_zeros(zp, n, groups);
             let g_idx = if ckpt.has(&t("g_idx")) { Some(ckpt.i32(&t("g_idx"), &[k])?) } else { None };
             let perm = match &g_idx {
                 Some(g) => gptq::act_order_permutation(g, k, group).map_err(err)?,
@@ -221,7 +259,7 @@ pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: 
                 Some(p) => gptq::permute_k(&codes, p).map_err(err)?,
                 None => codes,
             };
-            Ok(QuantLinear { codes, params, perm })
+            Ok(QuantLinear { codes, params, zeros, perm })
         }
         QuantFormat::Awq { zero_point, .. } => {
             if !n.is_multiple_of(8) {
@@ -240,7 +278,16 @@ pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: 
                 None
             };
             let params = params_from_integer_zeros(n, k, group, &scales, zero_points.as_deref()).map_err(err)?;
-            Ok(QuantLinear { codes, params, perm: None })
+            let zeros = integer_zeros(zero_points.as_deref(), n, groups);
+            Ok(QuantLinear { codes, params, zeros, perm: None })
         }
+    }
+}
+
+/// `[G][N]` checkpoint zero points (`None`: symmetric) as [`IntegerZeros`] (`[N][G]`).
+fn integer_zeros(zero_points_gn: Option<&[u8]>, n: usize, groups: usize) -> IntegerZeros {
+    match zero_points_gn {
+        None => IntegerZeros::Symmetric,
+        Some(z) => IntegerZeros::PerGroup((0..n * groups).map(|i| z[(i % groups) * n + i / groups]).collect()),
     }
 }

@@ -44,7 +44,7 @@ fn artifacts(dir: &Path) -> usize {
 #[test]
 fn cold_and_warm_loads_compute_exactly_what_an_uncached_load_does() {
     let model = tiny_model("cache-cold-warm");
-    for path in [RunPath::W4a16, RunPath::Wna16] {
+    for path in [RunPath::W4a16, RunPath::Wna16, RunPath::W4a8] {
         let dir = store_dir(&format!("cold-warm-{path:?}"));
         let uncached = load(&model, path, GroupSize::G32, None);
         assert_eq!(uncached.packed_from, PackedFrom::Uncached);

@@ -246,6 +246,58 @@ fn every_format_reads_exactly_and_runs_on_the_four_bit_paths() {
     }
 }
 
+/// W4A8 reads the integer zero points as stored (symmetric, asymmetric v2, act-order, AWQ), runs every
+/// linear layer, head included, on a W4A8 kernel, and stays close to the f32 path on the dequantized
+/// weights (the only difference is int8 activations); cold and warm cached loads compute the same bits.
+/// A cpu_int4 checkpoint's float zeros cannot run W4A8: a clear error.
+#[test]
+fn integer_zero_checkpoints_run_w4a8_on_their_stored_codes() {
+    for format in [Format::GptqSymV1, Format::GptqAsymV2, Format::GptqActOrder, Format::Awq] {
+        let (quant, plain) = checkpoints(&format!("w4a8-{format:?}"), format, false);
+        let want = logits(&engine(&plain, RunPath::F32, None));
+        let e = engine(&quant, RunPath::W4a8, None);
+        assert!(e.warnings.is_empty(), "{format:?}: {:?}", e.warnings);
+        for l in e.model.kernels(64) {
+            for k in [l.decode, l.prefill] {
+                assert!(k.name().starts_with("w4a8-"), "{format:?}: {} runs {k}", l.layer);
+            }
+        }
+        let got = logits(&e);
+        let signal: f64 = want.iter().map(|v| f64::from(*v).powi(2)).sum();
+        let noise: f64 = want.iter().zip(&got).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+        let snr = 10.0 * (signal / noise).log10();
+        println!("{format:?}: W4A8 logits SNR {snr:.1} dB against f32");
+        // Two layers of int8 activations (about 40 dB each on Gaussian-like rows, less with outliers).
+        assert!(snr > 25.0, "{format:?}: W4A8 logits SNR {snr:.1} dB against f32");
+        let dir = std::env::temp_dir().join(format!("int4-q-{}-w4a8-cache-{format:?}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (cold, warm) = (engine(&quant, RunPath::W4a8, Some(&dir)), engine(&quant, RunPath::W4a8, Some(&dir)));
+        assert!(matches!(warm.packed_from, PackedFrom::Cache(_)), "{:?}", warm.packed_from);
+        assert_eq!(logits(&cold), got);
+        assert_eq!(logits(&warm), got);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let (quant, _) = checkpoints("w4a8-cpu-int4", Format::CpuInt4, false);
+    let opts = LoadOptions { path: RunPath::W4a8, context: 64, cache: None, ..LoadOptions::default() };
+    let e = Engine::load(&quant, &opts).unwrap_err().to_string();
+    assert!(e.contains("float zeros"), "{e}");
+}
+
+/// A GPTQ export with a tied head on W4A8: the head is untied and quantized at load, so no linear layer
+/// runs outside a 4-bit kernel, and the embedding lookup reads the same 4-bit rows.
+#[test]
+fn a_tied_head_runs_in_four_bits_on_w4a8_too() {
+    let (quant, _) = checkpoints("w4a8-tied", Format::GptqSymV1, true);
+    let e = engine(&quant, RunPath::W4a8, None);
+    assert!(e.warnings.iter().any(|w| w.contains("lm_head") && w.contains("quantized at load")), "{:?}", e.warnings);
+    let kernels = e.model.kernels(64);
+    assert!(kernels.iter().any(|l| l.layer == "lm_head"), "the head is a linear layer");
+    for l in kernels {
+        assert!(l.decode.name().starts_with("w4a8-") && l.prefill.name().starts_with("w4a8-"), "{}", l.layer);
+    }
+    assert!(logits(&e).iter().all(|v| v.is_finite()));
+}
+
 #[test]
 fn a_tied_unquantized_head_is_quantized_at_load_with_a_warning_and_act_order_survives_the_cache() {
     let (quant, _) = checkpoints("tied", Format::GptqActOrder, true);
