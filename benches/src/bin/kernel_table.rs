@@ -6,8 +6,9 @@
 //!
 //! Per shape and round: a streaming read over the packed weights (the bandwidth ceiling for that very
 //! buffer), W4A16 decode at M = 1 and M = 4, the dense bf16 GEMV and its own streaming read, W4A16 prefill
-//! at M = 512 from the packed layout and from split halves, the dense bf16 GEMM, and the FMA peak. Each
-//! figure is the median over rounds of the per-call time.
+//! at M = 512 from the packed layout and from split halves, the dense bf16 GEMM, the FMA peak, and W4A8
+//! (int8 activations, quantization included) at M = 1 and M = 512. Each figure is the median over rounds
+//! of the per-call time.
 
 use std::time::{Duration, Instant};
 
@@ -16,9 +17,10 @@ use int4_kernels::ceiling;
 use int4_kernels::dense::{DenseLinear, DenseWeights};
 use int4_kernels::isa::IsaCaps;
 use int4_kernels::shapes::{SMOLLM2_SHAPES, UPSTREAM_SHAPES};
+use int4_kernels::w4a8::{W4A8Linear, W4A8Weights};
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
 use int4_layout::GroupSize;
-use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
+use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_integer_zero};
 use int4_layout::tinygemm::TinygemmBlock;
 use serde_json::json;
 
@@ -37,6 +39,20 @@ fn time_per_call(budget: Duration, mut f: impl FnMut()) -> f64 {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+struct W4a8Row {
+    name: &'static str,
+    n: usize,
+    k: usize,
+    bytes: usize,
+    kernel: &'static str,
+    decode1: f64,
+    prefill: f64,
+    read_packed: f64,
+    w4a16_bytes: usize,
+    w4a16_decode1: f64,
+    w4a16_prefill: f64,
 }
 
 struct Row {
@@ -76,6 +92,7 @@ fn main() {
 
     let mut rows = Vec::new();
     let mut wna16_rows = Vec::new();
+    let mut w4a8_rows = Vec::new();
     for (name, n, k) in shapes {
         eprintln!("  {name} {n}x{k} ...");
         let w = int4_benches::weights(n, k, 7);
@@ -93,6 +110,17 @@ fn main() {
         )
         .unwrap();
         let wna16 = int4_kernels::portable::Wna16Linear::from_codes(&q.codes, q.params.clone(), None).unwrap();
+        let qi = quantize_integer_zero(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
+        let groups = GroupSize::G128.groups(k);
+        let gn = |v: &[f32]| (0..groups * n).map(|i| v[(i % n) * groups + i / n]).collect::<Vec<f32>>();
+        let zeros_gn: Vec<u8> = (0..groups * n).map(|i| qi.zero_points[(i % n) * groups + i / n]).collect();
+        let w4a8 = W4A8Linear::new(
+            W4A8Weights::pack(&qi.codes, &gn(&qi.scales), Some(&zeros_gn), GroupSize::G128).unwrap(),
+            None,
+            IsaCaps::process(),
+        )
+        .unwrap();
+        drop(qi);
         let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
         drop(w);
         drop(q);
@@ -104,7 +132,7 @@ fn main() {
         let (mut o1, mut o4, mut op) = (vec![0.0; n], vec![0.0; 4 * n], vec![0.0; m_prefill * n]);
         let packed = direct.weights().packed().to_vec();
         let mut sink = 0u64;
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 10];
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 12];
         for _ in 0..rounds {
             samples[0].push(time_per_call(budget, || sink ^= ceiling::stream_read(&packed)));
             samples[1].push(time_per_call(budget, || direct.decode(&x1, 1, &mut o1).unwrap()));
@@ -118,10 +146,25 @@ fn main() {
             let t = time_per_call(budget, || sink ^= u64::from(ceiling::fma_peak(iters).1.to_bits()));
             samples[8].push(ceiling::fma_peak(1).0 as f64 * iters as f64 / t);
             samples[9].push(time_per_call(budget, || wna16.forward(&x1, 1, &mut o1).unwrap()));
+            samples[10].push(time_per_call(budget, || w4a8.forward(&x1, 1, &mut o1).unwrap()));
+            samples[11].push(time_per_call(budget, || w4a8.forward(&xp, m_prefill, &mut op).unwrap()));
         }
         std::hint::black_box(sink);
         let med: Vec<f64> = samples.into_iter().map(median).collect();
         wna16_rows.push((name, n, k, med[9], med[1]));
+        w4a8_rows.push(W4a8Row {
+            name,
+            n,
+            k,
+            bytes: w4a8.weights().resident_bytes(),
+            kernel: w4a8.kernel_for(m_prefill).name(),
+            decode1: med[10],
+            prefill: med[11],
+            read_packed: med[0],
+            w4a16_bytes: direct.weights().decode_bytes(),
+            w4a16_decode1: med[1],
+            w4a16_prefill: med[5],
+        });
         rows.push(Row {
             name: name.to_string(),
             n,
@@ -187,6 +230,41 @@ fn main() {
         }));
     }
 
+    println!(
+        "\n### W4A8 (g128, asymmetric integer zeros; int8 activation quantization included) beside W4A16, same rounds\n"
+    );
+    println!(
+        "| shape | N×K | kernel | M=1 µs | GB/s | % of read | vs W4A16 M=1 | M=512 GOP/s | % of FMA peak (f32 FLOP/s) | vs W4A16 prefill |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut w4a8_json = Vec::new();
+    for (r, base) in w4a8_rows.iter().zip(&rows) {
+        // The read ceiling was measured on the W4A16 bytes; scale it to bytes per second.
+        let read_gbs = r.w4a16_bytes as f64 / r.read_packed / 1e9;
+        let gbs = r.bytes as f64 / r.decode1 / 1e9;
+        let gops = 2.0 * (m_prefill * r.n * r.k) as f64 / r.prefill / 1e9;
+        println!(
+            "| {} | {}×{} | {} | {:.1} | {:.1} | {:.0}% | {:.2}× | {:.1} | {:.0}% | {:.2}× |",
+            r.name,
+            r.n,
+            r.k,
+            r.kernel,
+            r.decode1 * 1e6,
+            gbs,
+            100.0 * gbs / read_gbs,
+            r.w4a16_decode1 / r.decode1,
+            gops,
+            100.0 * gops * 1e9 / base.fma_flops,
+            r.w4a16_prefill / r.prefill,
+        );
+        w4a8_json.push(json!({
+            "shape": r.name, "n": r.n, "k": r.k, "kernel": r.kernel, "bytes": r.bytes,
+            "decode_m1_s": r.decode1, "m512_s": r.prefill, "decode_gbs": gbs, "m512_gops": gops,
+            "speedup_vs_w4a16_decode": r.w4a16_decode1 / r.decode1,
+            "speedup_vs_w4a16_prefill": r.w4a16_prefill / r.prefill,
+        }));
+    }
+
     println!("\n### The portable fallback (wna16) against the AVX2 decode, M = 1\n");
     println!("| shape | N×K | wna16 µs | w4a16-decode-avx2 µs | wna16 / avx2 |");
     println!("|---|---|---|---|---|");
@@ -224,7 +302,7 @@ fn main() {
             "schema": "int4-kernel-table/1",
             "isa": level.name(), "threads": threads, "rounds": rounds, "quick": quick,
             "group_size": 128, "block": format!("{block:?}"), "prefill_m": m_prefill,
-            "rows": out, "crossover_2048x2048": crossover,
+            "rows": out, "w4a8_rows": w4a8_json, "crossover_2048x2048": crossover,
         });
         if let Some(dir) = std::path::Path::new(&path).parent() {
             std::fs::create_dir_all(dir).unwrap();

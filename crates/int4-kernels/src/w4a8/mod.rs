@@ -77,28 +77,40 @@ fn round_ties_even_small(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
+/// One row's outputs while quantizing: index, codes, scale and group sums.
+type RowOut<'a> = (usize, ((&'a mut [i8], &'a mut f32), &'a mut [i32]));
+
 /// Quantizes `x` (`[m][k]`, `k = w.k()`) per row for the weights `w`.
 pub fn quantize_activations(x: &[f32], m: usize, w: &W4A8Weights) -> Result<QuantizedActivations, KernelError> {
     let (k, kp, groups) = (w.k, w.k_padded, w.groups);
     check_len("activations", m * k, x.len())?;
     let mut data = vec![0i8; m * kp];
-    let mut scales = Vec::with_capacity(m);
+    let mut scales = vec![0.0f32; m];
     let mut sums = vec![0i32; m * groups];
-    for r in 0..m {
+    let quantize_row = |(r, ((q, scale), sums)): RowOut<'_>| {
         let row = &x[r * k..(r + 1) * k];
         let amax = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let scale = if amax > 0.0 && amax.is_finite() { amax / 127.0 } else { 1.0 };
-        let q = &mut data[r * kp..r * kp + k];
-        for (d, &v) in q.iter_mut().zip(row) {
+        *scale = if amax > 0.0 && amax.is_finite() { amax / 127.0 } else { 1.0 };
+        for (d, &v) in q[..k].iter_mut().zip(row) {
             // NaN becomes 0 (a NaN activation has no int8 value); the clamp keeps ±127.
-            *d = round_ties_even_small((v / scale).clamp(-127.0, 127.0)) as i8;
+            *d = round_ties_even_small((v / *scale).clamp(-127.0, 127.0)) as i8;
         }
-        for g in 0..groups {
+        for (g, s) in sums.iter_mut().enumerate() {
             let span = w.group_span(g);
             let end = span.end.min(k);
-            sums[r * groups + g] = q[span.start.min(end)..end].iter().map(|&v| i32::from(v)).sum();
+            *s = q[span.start.min(end)..end].iter().map(|&v| i32::from(v)).sum();
         }
-        scales.push(scale);
+    };
+    let rows = data.par_chunks_mut(kp).zip(scales.par_iter_mut()).zip(sums.par_chunks_mut(groups.max(1)));
+    // Rows are independent; a decode step's few rows are not worth waking other threads for.
+    if m >= 16 {
+        rows.enumerate().for_each(quantize_row);
+    } else {
+        data.chunks_mut(kp)
+            .zip(scales.iter_mut())
+            .zip(sums.chunks_mut(groups.max(1)))
+            .enumerate()
+            .for_each(quantize_row);
     }
     Ok(QuantizedActivations { m, k_padded: kp, data, scales, sums })
 }

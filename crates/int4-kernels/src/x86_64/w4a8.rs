@@ -8,7 +8,7 @@
 //!
 //! **Safety model.** The public functions are safe: they take a capability token (proof the CPU has the
 //! features) and a [`Block`], whose slices the driver built with checked lengths: `w` holds
-//! `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 8, and the scale,
+//! `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 32 (the smallest tile K block), and the scale,
 //! zero and sum tables cover every group and column. The `unsafe` inner functions read only inside those.
 
 use std::arch::x86_64::*;
@@ -29,6 +29,7 @@ unsafe fn quad(p: *const i8) -> i32 {
 /// The AVX2 kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
 pub(crate) fn block_avx2(_tok: Avx2Fma, b: &Block, out: &mut [f32]) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
+    assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(4);
@@ -56,23 +57,36 @@ unsafe fn rows_avx2<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
     let w = b.w.as_ptr();
     for (g, span) in b.spans.iter().enumerate() {
         let mut acc = [[_mm256_setzero_si256(); 2]; R];
-        for j in span.start / 8..span.end / 8 {
-            // SAFETY: chunk j lies within w (j < kp/8).
-            let (v0, v1) =
-                unsafe { (_mm256_loadu_si256(w.add(j * 64).cast()), _mm256_loadu_si256(w.add(j * 64 + 32).cast())) };
-            let (lo0, hi0) = (_mm256_and_si256(v0, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v0), mask));
-            let (lo1, hi1) = (_mm256_and_si256(v1, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v1), mask));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
-                let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
-                // SAFETY: as above.
-                let (a0, a1) = unsafe { (_mm256_set1_epi32(quad(xp)), _mm256_set1_epi32(quad(xp.add(4)))) };
-                // Pair sums of u4·s8 stay within ±3810 and their sum within ±7620: no i16 saturation.
-                let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a0), _mm256_maddubs_epi16(hi0, a1));
-                let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a0), _mm256_maddubs_epi16(hi1, a1));
-                acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(s0, ones));
-                acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(s1, ones));
+        // Four chunks (32 input channels) are summed in i16 before one vpmaddwd widens them: each chunk adds
+        // at most ±7620 per lane, so four stay within ±30480 < 2¹⁵. Spans are multiples of 32 (the tile K
+        // block), so every span is whole quads of chunks.
+        let mut j = span.start / 8;
+        while j < span.end / 8 {
+            let mut part = [[_mm256_setzero_si256(); 2]; R];
+            for j in j..j + 4 {
+                // SAFETY: chunk j lies within w (j < kp/8).
+                let (v0, v1) = unsafe {
+                    (_mm256_loadu_si256(w.add(j * 64).cast()), _mm256_loadu_si256(w.add(j * 64 + 32).cast()))
+                };
+                let (lo0, hi0) = (_mm256_and_si256(v0, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v0), mask));
+                let (lo1, hi1) = (_mm256_and_si256(v1, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v1), mask));
+                for (r, part) in part.iter_mut().enumerate() {
+                    // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
+                    let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
+                    // SAFETY: as above.
+                    let (a0, a1) = unsafe { (_mm256_set1_epi32(quad(xp)), _mm256_set1_epi32(quad(xp.add(4)))) };
+                    // Pair sums of u4·s8 stay within ±3810, so vpmaddubsw never saturates.
+                    let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a0), _mm256_maddubs_epi16(hi0, a1));
+                    let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a0), _mm256_maddubs_epi16(hi1, a1));
+                    part[0] = _mm256_add_epi16(part[0], s0);
+                    part[1] = _mm256_add_epi16(part[1], s1);
+                }
             }
+            for (acc, part) in acc.iter_mut().zip(&part) {
+                acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(part[0], ones));
+                acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(part[1], ones));
+            }
+            j += 4;
         }
         for (r, acc) in acc.iter().enumerate() {
             let row = r0 + r;
@@ -100,6 +114,7 @@ unsafe fn rows_avx2<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
 /// The AVX-512 VNNI kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
 pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
+    assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(8);
