@@ -1,8 +1,9 @@
 //! The `int4` command-line tool.
 //!
 //! A thin layer over the `int4` library: `generate` (load a model directory on the path the policy picks and
-//! stream text), `probe` (the hardware probe and the plan for every checkpoint kind) and `cache` (list,
-//! verify, clear and evict packed artifacts).
+//! stream text), `probe` (the hardware probe and the plan for every checkpoint kind), `cache` (list,
+//! verify, clear and evict packed artifacts) and `quantize` (write a `cpu_int4` or GPTQ checkpoint once, to
+//! ship).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,6 +11,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use int4::engine::{Engine, LoadOptions, Next, PackProgress, PackedFrom, RunPath};
+use int4::layout::GroupSize;
+use int4::layout::grid::ScaleSearch;
+use int4::quantize::{ExportFormat, QuantizeOptions, QuantizeReport, quantize_checkpoint};
 use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
@@ -45,6 +49,49 @@ enum Command {
     /// Describe a model directory: architecture, tensor formats, how each kind of layer is stored and will
     /// run on this machine, and whether its packed weights are cached.
     Info(InfoArgs),
+    /// Quantize an unquantized model directory into a 4-bit checkpoint (cpu_int4 or GPTQ), once, to ship.
+    Quantize(QuantizeArgs),
+}
+
+#[derive(clap::Args)]
+struct QuantizeArgs {
+    /// An unquantized Hugging Face model directory (f32, bf16 or f16 safetensors).
+    model_dir: PathBuf,
+    /// cpu_int4 (W4A16: float zeros) or gptq (W4A8 and W4A16: integer zero points).
+    #[arg(long, value_enum)]
+    format: FormatArg,
+    /// Input channels per scale and zero: 32, 64, 128, 256, or -1 for one group per row.
+    #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
+    group_size: i64,
+    /// GPTQ with a per-group integer zero point (sym: false, written as gptq_v2) instead of symmetric.
+    #[arg(long)]
+    asym: bool,
+    /// Plain min/max ranges, no search over narrower ones (faster, lower SNR).
+    #[arg(long)]
+    no_search: bool,
+    /// Leave the head unquantized (a tied head stays tied to the embedding).
+    #[arg(long)]
+    no_lm_head: bool,
+    /// Linear layers to leave unquantized, comma-separated: names (model.layers.0.mlp.down_proj), fused
+    /// names (model.layers.0.self_attn.qkv), lm_head, or prefixes (model.layers.0).
+    #[arg(long, value_delimiter = ',')]
+    ignore: Vec<String>,
+    /// The output directory (must not exist, or be empty, unless --force).
+    #[arg(long)]
+    out: PathBuf,
+    /// Replace an existing output directory.
+    #[arg(long)]
+    force: bool,
+    /// Worker threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FormatArg {
+    #[value(name = "cpu_int4", alias = "cpu-int4")]
+    CpuInt4,
+    Gptq,
 }
 
 #[derive(clap::Args)]
@@ -164,6 +211,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => report("generate", generate(a)),
         Command::Chat(a) => report("chat", chat(a)),
         Command::Info(a) => report("info", info(a)),
+        Command::Quantize(a) => report("quantize", quantize(a)),
     }
 }
 
@@ -445,6 +493,96 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+fn quantize(a: QuantizeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    start_threads(a.threads)?;
+    let group = GroupSize::from_checkpoint(a.group_size).map_err(|e| format!("--group-size {}: {e}", a.group_size))?;
+    let opts = QuantizeOptions {
+        format: match a.format {
+            FormatArg::CpuInt4 => ExportFormat::CpuInt4,
+            FormatArg::Gptq => ExportFormat::Gptq,
+        },
+        group,
+        asym: a.asym,
+        search: if a.no_search { ScaleSearch::Off } else { ScaleSearch::Shrink },
+        quantize_head: !a.no_lm_head,
+        ignore: a.ignore.clone(),
+        force: a.force,
+    };
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "[int4] quantizing {bar:30} {binary_bytes}/{binary_total_bytes} {pos}/{len} tensors {elapsed} {wide_msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let progress = |p: int4::quantize::Progress<'_>| {
+        bar.set_length(p.bytes_total);
+        bar.set_position(p.bytes_done);
+        bar.set_message(p.tensor.to_string());
+    };
+    let result = quantize_checkpoint(&a.model_dir, &a.out, &opts, Some(&progress));
+    bar.finish_and_clear();
+    print_quantize_summary(&result?);
+    Ok(())
+}
+
+/// The report in a few lines: one per kind of layer (q_proj, …, lm_head), then totals.
+fn print_quantize_summary(r: &QuantizeReport) {
+    let fmt_snr = |s: Option<f64>| s.map_or_else(|| "exact".to_string(), |v| format!("{v:.2}"));
+    let format = r.checkpoint_format.as_deref().map_or(r.format.clone(), |c| format!("{} ({c})", r.format));
+    println!(
+        "{} -> {}: {format}, group {}, {}, search {}",
+        r.input.display(),
+        r.output.display(),
+        r.group_size,
+        if r.format == "gptq" && r.sym { "symmetric" } else { "asymmetric" },
+        if r.search { "on" } else { "off" }
+    );
+    let mut kinds: Vec<(String, Vec<&int4::quantize::TensorReport>)> = Vec::new();
+    for t in &r.tensors {
+        let kind = t.name.rsplit('.').next().unwrap_or(&t.name).to_string();
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, v)) => v.push(t),
+            None => kinds.push((kind, vec![t])),
+        }
+    }
+    println!("  {:<10} {:>6} {:>14} {:>8} {:>10} {:>10}", "layer", "count", "shape", "bits/w", "SNR dB", "min dB");
+    for (kind, ts) in &kinds {
+        let (s, e) = ts.iter().fold((0.0, 0.0), |(s, e), t| (s + t.signal, e + t.noise));
+        let snr = int4::quantize::snr_db(s, e);
+        let min = ts.iter().filter_map(|t| t.snr_db).min_by(f64::total_cmp);
+        let bits: f64 = ts.iter().map(|t| t.bits_per_weight).sum::<f64>() / ts.len() as f64;
+        let shape = format!("{}x{}", ts[0].shape[0], ts[0].shape[1]);
+        println!("  {kind:<10} {:>6} {shape:>14} {bits:>8.3} {:>10} {:>10}", ts.len(), fmt_snr(snr), fmt_snr(min));
+    }
+    let t = &r.totals;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    println!(
+        "  total: {} layers, {} weights at {:.3} bits/w, SNR {} dB (worst {} dB, {}); {} tensors copied ({:.1} MiB)",
+        t.quantized_tensors,
+        t.quantized_weights,
+        t.bits_per_weight,
+        fmt_snr(t.snr_db),
+        fmt_snr(t.min_snr_db),
+        t.worst_tensor.as_deref().unwrap_or("-"),
+        t.copied_tensors,
+        mib(t.copied_bytes)
+    );
+    println!(
+        "  head: {}; {:.1} MiB -> {:.1} MiB in {:.1} s; peak RssAnon {}",
+        r.head,
+        mib(t.input_bytes),
+        mib(t.output_bytes),
+        t.seconds,
+        t.peak_rss_anon_bytes.map_or_else(|| "unknown".to_string(), |b| format!("{:.0} MiB", mib(b)))
+    );
+    if !r.ignored.is_empty() {
+        println!("  left unquantized (--ignore): {}", r.ignored.join(", "));
+    }
+    println!("  report: {}", r.output.join("quantization_report.json").display());
 }
 
 fn probe(json: bool) -> ExitCode {

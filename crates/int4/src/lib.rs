@@ -26,6 +26,7 @@ pub mod error;
 pub mod gguf;
 pub mod linear;
 pub mod model;
+pub mod quantize;
 pub mod quantized;
 pub mod sampling;
 pub mod text;

@@ -1,0 +1,1366 @@
+//! `int4 quantize`: turning an unquantized model directory into a 4-bit checkpoint, once, to ship.
+//!
+//! Why a writer at all: an unquantized checkpoint loaded on a 4-bit path is quantized at every cold load
+//! (round to nearest, no search, the head and embedding at the loader's discretion), and the directory
+//! stays four to eight times larger than the model needs. An exported checkpoint is quantized once, with
+//! scale search, into one of the two formats [`crate::quantized`] reads as they are:
+//!
+//! * **`cpu_int4`** (W4A16): per linear `<p>`, `<p>.weight_packed` u8 `[N][K/2]` (low nibble = even k),
+//!   `<p>.weight_scale` and `<p>.weight_zero` f32 `[N][G]`, on the asymmetric min/max grid with a float zero
+//!   (tinygemm's convention, `w = (q − 8)·s + z`). Stored in f32, so the parameters the search chose are
+//!   the parameters the kernels use.
+//! * **GPTQ** (W4A8 and W4A16): `<p>.qweight` i32 `[K/8][N]`, `<p>.qzeros` i32 `[G][N/8]`, `<p>.scales` f16
+//!   `[G][N]` and `<p>.g_idx` i32 `[K]` (no act-order: `k / g`). Integer zero points are what the W4A8
+//!   kernels need. Symmetric exports are `checkpoint_format: "gptq"` (v1, which stores zero − 1: every
+//!   nibble is 7, read as 8); an upstream tool wrote 8s labelled v1, which a v1 reader takes as 9, and this
+//!   writer does not. Asymmetric exports are `"gptq_v2"` (zero stored as is), because v1 cannot store a zero
+//!   point of 0 and the integer-zero grid produces them.
+//!
+//! **Codes are chosen against the parameters as stored.** GPTQ scales are f16 on disk, so the grids run
+//! with [`ParamPrecision::F16`]: the scale is rounded first and codes (and the search's error) are worked
+//! out against the rounded value. Otherwise the search would optimise parameters that are not the ones
+//! written.
+//!
+//! **Tied heads are untied.** The runtime's rule is that no linear on a 4-bit path runs outside a 4-bit
+//! kernel, so a tied head that a checkpoint leaves unquantized is quantized at load, with a warning. The
+//! export writes the head as its own quantized `lm_head` (from the embedding's values) and sets
+//! `tie_word_embeddings: false` (GPTQ: `"lm_head": true`), unless [`QuantizeOptions::quantize_head`] is off.
+//! The embedding table itself, norms and every other non-linear tensor are copied as stored.
+//!
+//! **Streaming, and never a half-written model.** The output header is computed first (every tensor's
+//! dtype, shape and offset; tensors ordered by alignment as the safetensors crate orders them, so each
+//! starts aligned to its element size), then each input tensor is read from the memory-mapped checkpoint,
+//! quantized, and its bytes written at their offsets: peak anonymous memory is a few times the largest
+//! tensor, never the model. Everything is written into a hidden directory beside `--out` and renamed into
+//! place at the end, so a killed run leaves a `.…tmp` directory, not a model that looks complete.
+//!
+//! **The report measures what was written.** `quantization_report.json` gives, per quantized tensor, the SNR
+//! of the weights decoded from the bytes as stored (not the grid's in-memory result) against the source
+//! values in f32, and bits per weight (codes + scales + zero points).
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use half::f16;
+use int4_layout::gptq::{self, ZeroFormat};
+use int4_layout::grid::{self, ParamPrecision, ScaleSearch};
+use int4_layout::{GroupSize, LayoutError, dequantize, rowmajor};
+use rayon::prelude::*;
+use safetensors::tensor::Dtype;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::config::ModelConfig;
+use crate::model::linear_specs;
+use crate::weights::Checkpoint;
+
+/// The on-disk format to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExportFormat {
+    /// `cpu_int4`: row-major nibbles, f32 scales and float zeros (W4A16).
+    CpuInt4,
+    /// GPTQ: `qweight`/`qzeros`/`scales`/`g_idx` with integer zero points (W4A8 and W4A16).
+    Gptq,
+}
+
+impl ExportFormat {
+    /// The `quant_method` string.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExportFormat::CpuInt4 => "cpu_int4",
+            ExportFormat::Gptq => "gptq",
+        }
+    }
+}
+
+/// What to write.
+#[derive(Clone, Debug)]
+pub struct QuantizeOptions {
+    /// The format.
+    pub format: ExportFormat,
+    /// Input channels per scale and zero.
+    pub group: GroupSize,
+    /// GPTQ only: per-group integer zero points (`sym: false`, written as `gptq_v2`) instead of symmetric.
+    pub asym: bool,
+    /// Search narrower ranges per group (on by default).
+    pub search: ScaleSearch,
+    /// Quantize the head (untying a tied one). Off: the head is copied as stored (a tied head stays tied).
+    pub quantize_head: bool,
+    /// Linear layers left unquantized: a layer's name (`model.layers.0.mlp.down_proj`, with or without
+    /// `.weight`), a fused layer's name (`model.layers.0.self_attn.qkv`, `….mlp.gate_up`), `lm_head`, or a
+    /// prefix of names at a `.` boundary (`model.layers.0`).
+    pub ignore: Vec<String>,
+    /// Replace an existing non-empty output directory.
+    pub force: bool,
+}
+
+impl QuantizeOptions {
+    /// The defaults for `format`: group 128, symmetric, scale search on, head quantized, nothing ignored.
+    pub fn new(format: ExportFormat) -> Self {
+        QuantizeOptions {
+            format,
+            group: GroupSize::G128,
+            asym: false,
+            search: ScaleSearch::Shrink,
+            quantize_head: true,
+            ignore: Vec::new(),
+            force: false,
+        }
+    }
+
+    /// The GPTQ zero-point convention this export uses: v1 when symmetric, v2 when asymmetric.
+    pub fn zero_format(&self) -> Option<ZeroFormat> {
+        match (self.format, self.asym) {
+            (ExportFormat::CpuInt4, _) => None,
+            (ExportFormat::Gptq, false) => Some(ZeroFormat::V1),
+            (ExportFormat::Gptq, true) => Some(ZeroFormat::V2),
+        }
+    }
+}
+
+/// Why an export failed. Nothing is left at the output path when one does.
+#[derive(Debug)]
+pub enum QuantizeError {
+    /// The input directory, its `config.json` or its safetensors files are missing or invalid.
+    Input {
+        /// The file or directory.
+        path: PathBuf,
+        /// The problem.
+        message: String,
+    },
+    /// The input is already quantized (its config has a `quantization_config`, or it stores packed tensors).
+    AlreadyQuantized {
+        /// The model directory.
+        path: PathBuf,
+        /// What says so.
+        what: String,
+    },
+    /// A tensor the model needs is missing, or has a shape or dtype that disagrees with the config.
+    Tensor {
+        /// The tensor.
+        tensor: String,
+        /// The problem.
+        message: String,
+    },
+    /// A linear layer's shape cannot be stored in the chosen format.
+    Shape {
+        /// The layer.
+        tensor: String,
+        /// Output channels.
+        n: usize,
+        /// Input channels.
+        k: usize,
+        /// The format.
+        format: ExportFormat,
+        /// What the format needs.
+        need: &'static str,
+    },
+    /// A NaN or infinite value.
+    NonFinite {
+        /// The tensor.
+        tensor: String,
+        /// Where (one index per dimension).
+        index: Vec<usize>,
+        /// The value, as f32.
+        value: f32,
+    },
+    /// An `--ignore` entry that names no linear layer.
+    UnknownIgnore {
+        /// The entry.
+        name: String,
+        /// A few real names, to show the spelling.
+        examples: Vec<String>,
+    },
+    /// An `--ignore` entry that leaves part of a fused layer quantized (the runtime fuses q/k/v and
+    /// gate/up, and a fused layer is stored either all quantized or not at all).
+    PartialFusedIgnore {
+        /// The layer ignored.
+        name: String,
+        /// Every layer of its fused group.
+        fused: Vec<String>,
+        /// The fused group's name.
+        group: String,
+    },
+    /// Options that contradict each other.
+    Options(String),
+    /// The output directory exists and is not empty (and `force` is off).
+    OutputExists {
+        /// The output directory.
+        path: PathBuf,
+    },
+    /// The output path cannot be used (it is the input, inside it, or contains it).
+    Output {
+        /// The output path.
+        path: PathBuf,
+        /// The problem.
+        message: String,
+    },
+    /// The grid or a packer refused a tensor (for example a scale that overflows f16).
+    Quantize {
+        /// The tensor.
+        tensor: String,
+        /// The problem.
+        message: String,
+    },
+    /// Reading or writing a file failed.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for QuantizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuantizeError::Input { path, message } => write!(f, "{}: {message}", path.display()),
+            QuantizeError::AlreadyQuantized { path, what } => write!(
+                f,
+                "{} is already quantized ({what}): int4 quantize reads an unquantized (f32, bf16 or f16) checkpoint",
+                path.display()
+            ),
+            QuantizeError::Tensor { tensor, message } => write!(f, "{tensor}: {message}"),
+            QuantizeError::Shape { tensor, n, k, format, need } => {
+                write!(f, "{tensor}: N = {n}, K = {k} cannot be stored as {}: it needs {need}", format.name())
+            }
+            QuantizeError::NonFinite { tensor, index, value } => write!(
+                f,
+                "{tensor}: the weight at {index:?} is {value}; a checkpoint with NaN or infinite weights cannot be \
+                 quantized"
+            ),
+            QuantizeError::UnknownIgnore { name, examples } => write!(
+                f,
+                "--ignore {name}: no linear layer is called that or starts with it (linear layers are named like {})",
+                examples.join(", ")
+            ),
+            QuantizeError::PartialFusedIgnore { name, fused, group } => write!(
+                f,
+                "--ignore {name}: {} run as one fused layer, stored all quantized or not at all; ignore {group} \
+                 (or all of them)",
+                fused.join(", ")
+            ),
+            QuantizeError::Options(m) => f.write_str(m),
+            QuantizeError::OutputExists { path } => write!(
+                f,
+                "{} exists and is not empty: choose another output directory, or pass --force to replace it",
+                path.display()
+            ),
+            QuantizeError::Output { path, message } => write!(f, "{}: {message}", path.display()),
+            QuantizeError::Quantize { tensor, message } => write!(f, "{tensor}: {message}"),
+            QuantizeError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for QuantizeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            QuantizeError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Shorthand.
+type Result<T> = std::result::Result<T, QuantizeError>;
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> QuantizeError + '_ {
+    move |source| QuantizeError::Io { path: path.to_path_buf(), source }
+}
+
+/// One quantized linear layer in the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct TensorReport {
+    /// The layer's name (its tensors' prefix): `model.layers.0.self_attn.q_proj`, …, `lm_head`.
+    pub name: String,
+    /// The tensor its values came from (`model.embed_tokens.weight` for an untied head).
+    pub source: String,
+    /// The source tensor's dtype.
+    pub source_dtype: String,
+    /// `[N, K]`.
+    pub shape: [usize; 2],
+    /// `10·log10(Σw² / Σ(w − ŵ)²)` with `ŵ` decoded from the stored bytes and `w` the source values in
+    /// f32, sums in f64 (per row, then over rows in order); `None` when the stored weights are exact.
+    pub snr_db: Option<f64>,
+    /// `Σw²`.
+    pub signal: f64,
+    /// `Σ(w − ŵ)²`.
+    pub noise: f64,
+    /// Bits per weight stored: codes, scales and zero points (GPTQ's `g_idx` is not counted).
+    pub bits_per_weight: f64,
+    /// Bytes of codes, scales and zero points.
+    pub stored_bytes: u64,
+    /// Group size (-1: one group per row).
+    pub group_size: i64,
+    /// Whether scale search was on.
+    pub search: bool,
+    /// `cpu_int4`, `gptq` (v1, symmetric) or `gptq_v2` (asymmetric).
+    pub format: String,
+}
+
+/// One tensor copied as stored.
+#[derive(Clone, Debug, Serialize)]
+pub struct CopiedTensor {
+    /// Its name.
+    pub name: String,
+    /// Its dtype.
+    pub dtype: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Why it is not quantized: `not a linear layer`, `ignored`, `head left unquantized`.
+    pub why: String,
+}
+
+/// Totals over the export.
+#[derive(Clone, Debug, Serialize)]
+pub struct QuantizeTotals {
+    /// Linear layers quantized.
+    pub quantized_tensors: usize,
+    /// Their weights.
+    pub quantized_weights: u64,
+    /// Their stored bytes (codes, scales, zero points).
+    pub quantized_bytes: u64,
+    /// Bits per quantized weight over all of them.
+    pub bits_per_weight: f64,
+    /// `10·log10(ΣΣw² / ΣΣ(w − ŵ)²)` over every quantized layer.
+    pub snr_db: Option<f64>,
+    /// The lowest per-layer SNR.
+    pub min_snr_db: Option<f64>,
+    /// The layer with the lowest SNR.
+    pub worst_tensor: Option<String>,
+    /// Tensors copied as stored.
+    pub copied_tensors: usize,
+    /// Their bytes.
+    pub copied_bytes: u64,
+    /// Bytes of the input's safetensors files.
+    pub input_bytes: u64,
+    /// Bytes of the output's `model.safetensors`.
+    pub output_bytes: u64,
+    /// Wall time, seconds (up to writing the report).
+    pub seconds: f64,
+    /// The largest anonymous resident memory seen after each tensor (Linux `RssAnon`), bytes.
+    pub peak_rss_anon_bytes: Option<u64>,
+}
+
+/// What an export wrote (also written as `quantization_report.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct QuantizeReport {
+    /// `cpu_int4` or `gptq`.
+    pub format: String,
+    /// GPTQ's `checkpoint_format` (`gptq` or `gptq_v2`).
+    pub checkpoint_format: Option<String>,
+    /// Symmetric (GPTQ) — `cpu_int4` is always asymmetric with a float zero.
+    pub sym: bool,
+    /// Group size (-1: one group per row).
+    pub group_size: i64,
+    /// Whether scale search was on.
+    pub search: bool,
+    /// What happened to the head.
+    pub head: String,
+    /// The linear layers left unquantized by `ignore`.
+    pub ignored: Vec<String>,
+    /// The input directory.
+    pub input: PathBuf,
+    /// The output directory.
+    pub output: PathBuf,
+    /// Every quantized linear layer, in the order written.
+    pub tensors: Vec<TensorReport>,
+    /// Every tensor copied as stored.
+    pub copied: Vec<CopiedTensor>,
+    /// The other files copied (tokenizer, generation config, …).
+    pub files_copied: Vec<String>,
+    /// Totals.
+    pub totals: QuantizeTotals,
+    /// The int4 version that wrote it.
+    pub int4_version: String,
+}
+
+/// Progress of a running export, told after each tensor (for a progress bar).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress<'a> {
+    /// Tensors processed.
+    pub done: usize,
+    /// Tensors to process.
+    pub total: usize,
+    /// Source bytes processed.
+    pub bytes_done: u64,
+    /// Source bytes to process.
+    pub bytes_total: u64,
+    /// The tensor just processed.
+    pub tensor: &'a str,
+}
+
+/// A tensor's place in an input safetensors file.
+#[derive(Clone, Debug)]
+struct RawTensor {
+    name: String,
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Absolute offset in the file.
+    start: u64,
+    len: u64,
+}
+
+/// Every tensor of the input's files with its absolute byte range, in file order: what streaming a tensor
+/// as stored needs (the memory-mapped [`Checkpoint`] decodes values; this copies bytes).
+struct RawIndex {
+    files: Vec<PathBuf>,
+    tensors: Vec<RawTensor>,
+    by_name: HashMap<String, usize>,
+}
+
+impl RawIndex {
+    fn open(files: Vec<PathBuf>) -> Result<Self> {
+        let mut tensors = Vec::new();
+        for (fi, path) in files.iter().enumerate() {
+            let bad = |m: String| QuantizeError::Input { path: path.clone(), message: m };
+            let mut f = File::open(path).map_err(io_err(path))?;
+            let size = f.metadata().map_err(io_err(path))?.len();
+            let mut n8 = [0u8; 8];
+            f.read_exact(&mut n8).map_err(io_err(path))?;
+            let n = u64::from_le_bytes(n8);
+            if n > 100_000_000 || 8 + n > size {
+                return Err(bad(format!("safetensors header length {n} is invalid")));
+            }
+            let mut header = vec![0u8; n as usize];
+            f.read_exact(&mut header).map_err(io_err(path))?;
+            let v: Value = serde_json::from_slice(&header).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+            let obj = v.as_object().ok_or_else(|| bad("safetensors header is not a JSON object".into()))?;
+            for (name, info) in obj {
+                if name == "__metadata__" {
+                    continue;
+                }
+                let dtype: Dtype = serde_json::from_value(info["dtype"].clone())
+                    .map_err(|e| bad(format!("{name}: dtype {}: {e}", info["dtype"])))?;
+                let shape: Vec<usize> = serde_json::from_value(info["shape"].clone())
+                    .map_err(|e| bad(format!("{name}: shape {}: {e}", info["shape"])))?;
+                let offsets: [u64; 2] = serde_json::from_value(info["data_offsets"].clone())
+                    .map_err(|e| bad(format!("{name}: data_offsets {}: {e}", info["data_offsets"])))?;
+                let (start, end) = (8 + n + offsets[0], 8 + n + offsets[1]);
+                if offsets[1] < offsets[0] || end > size {
+                    return Err(bad(format!("{name}: data_offsets {offsets:?} lie outside the file")));
+                }
+                tensors.push(RawTensor { name: name.clone(), file: fi, dtype, shape, start, len: end - start });
+            }
+        }
+        tensors.sort_by_key(|t| (t.file, t.start));
+        let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(RawIndex { files, tensors, by_name })
+    }
+
+    fn get(&self, name: &str) -> Option<&RawTensor> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+}
+
+/// One linear layer of the model as stored: `<prefix>.weight` `[n][k]`.
+#[derive(Clone, Debug)]
+struct LinearPart {
+    prefix: String,
+    /// The tensor holding its values.
+    source: String,
+    n: usize,
+    k: usize,
+    /// The fused layer the runtime builds from it (`….self_attn.qkv`, `….mlp.gate_up`, or its own name).
+    group: String,
+}
+
+/// The model's linear layers per decoder layer, as the checkpoint stores them (unfused), checked against
+/// the runtime's own list ([`linear_specs`]) so both agree on names and shapes.
+fn layer_linears(cfg: &ModelConfig, ckpt: &Checkpoint, config_path: &Path) -> Result<Vec<LinearPart>> {
+    let (h, hd, nh, nkv, inter) =
+        (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size);
+    let mut out = Vec::new();
+    for i in 0..cfg.num_layers {
+        let p = format!("model.layers.{i}");
+        let part = |name: String, n: usize, k: usize, group: &str| LinearPart {
+            source: format!("{name}.weight"),
+            prefix: name,
+            n,
+            k,
+            group: group.to_string(),
+        };
+        let qkv = format!("{p}.self_attn.qkv");
+        let gate_up = format!("{p}.mlp.gate_up");
+        out.push(part(format!("{p}.self_attn.q_proj"), nh * hd, h, &qkv));
+        out.push(part(format!("{p}.self_attn.k_proj"), nkv * hd, h, &qkv));
+        out.push(part(format!("{p}.self_attn.v_proj"), nkv * hd, h, &qkv));
+        out.push(part(format!("{p}.self_attn.o_proj"), h, nh * hd, &format!("{p}.self_attn.o_proj")));
+        out.push(part(format!("{p}.mlp.gate_proj"), inter, h, &gate_up));
+        out.push(part(format!("{p}.mlp.up_proj"), inter, h, &gate_up));
+        out.push(part(format!("{p}.mlp.down_proj"), h, inter, &format!("{p}.mlp.down_proj")));
+    }
+    // The runtime's fused list must be exactly these parts grouped (the head is handled separately).
+    let specs = linear_specs(cfg, ckpt);
+    for spec in specs.iter().filter(|s| s.name != "lm_head") {
+        let parts: Vec<&LinearPart> = out.iter().filter(|p| p.group == spec.name).collect();
+        let n: usize = parts.iter().map(|p| p.n).sum();
+        if parts.is_empty() || n != spec.n || parts.iter().any(|p| p.k != spec.k) {
+            return Err(QuantizeError::Input {
+                path: config_path.to_path_buf(),
+                message: format!("the runtime's layer {} does not match the checkpoint's linear layers", spec.name),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The output tensors of one quantized layer, in the order [`encode`] returns their bytes.
+fn quantized_tensors(prefix: &str, n: usize, k: usize, opts: &QuantizeOptions) -> Vec<(String, Dtype, Vec<usize>)> {
+    let groups = opts.group.groups(k);
+    let t = |s: &str| format!("{prefix}.{s}");
+    match opts.format {
+        ExportFormat::CpuInt4 => vec![
+            (t("weight_packed"), Dtype::U8, vec![n, k / 2]),
+            (t("weight_scale"), Dtype::F32, vec![n, groups]),
+            (t("weight_zero"), Dtype::F32, vec![n, groups]),
+        ],
+        ExportFormat::Gptq => vec![
+            (t("qweight"), Dtype::I32, vec![k / 8, n]),
+            (t("qzeros"), Dtype::I32, vec![groups, n / 8]),
+            (t("scales"), Dtype::F16, vec![groups, n]),
+            (t("g_idx"), Dtype::I32, vec![k]),
+        ],
+    }
+}
+
+/// Checks that `n × k` can be stored in the format.
+fn check_shape(prefix: &str, n: usize, k: usize, format: ExportFormat) -> Result<()> {
+    let bad = |need| Err(QuantizeError::Shape { tensor: prefix.to_string(), n, k, format, need });
+    match format {
+        ExportFormat::CpuInt4 if !k.is_multiple_of(2) => bad("an even K (two codes per byte along K)"),
+        ExportFormat::Gptq if !k.is_multiple_of(8) || !n.is_multiple_of(8) => {
+            bad("N and K multiples of 8 (eight codes per 32-bit word along K in qweight, along N in qzeros)")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What to do with an input tensor (or the head).
+enum Job {
+    /// Copy `raw` as stored into output tensor `out`.
+    Copy { raw: usize, out: usize, why: &'static str },
+    /// Quantize linear `part` into the output tensors `outs`.
+    Quantize { part: LinearPart, outs: Vec<usize> },
+}
+
+/// A tensor of the output file.
+struct OutTensor {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    len: u64,
+    /// From the start of the data section.
+    offset: u64,
+}
+
+/// A hidden work directory beside the output, removed unless the export completes.
+struct WorkDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Bytes read or written per step when copying a tensor as stored.
+const COPY_CHUNK: usize = 8 << 20;
+
+/// Weights per parallel task when quantizing (whole rows).
+const TASK_WEIGHTS: usize = 1 << 16;
+
+/// Files of a model directory that are weights (never copied: the export writes its own).
+fn is_weights_file(name: &str) -> bool {
+    let weights_ext = [".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx"];
+    weights_ext.iter().any(|e| name.ends_with(e)) || name.ends_with(".index.json")
+}
+
+/// Files never copied: rewritten (`config.json`), or about the input's own weights.
+const NOT_COPIED: &[&str] = &["config.json", "quantize_config.json", "quantization_report.json", "int4-source.json"];
+
+/// Quantizes the unquantized model directory `input` into a 4-bit checkpoint at `out`.
+///
+/// `progress` is told after each tensor. Returns the report, also written as
+/// `out/quantization_report.json`. On any error nothing is left at `out` (an existing one replaced with
+/// `force` is kept until the new one is complete).
+pub fn quantize_checkpoint(
+    input: &Path,
+    out: &Path,
+    opts: &QuantizeOptions,
+    progress: Option<&dyn Fn(Progress<'_>)>,
+) -> Result<QuantizeReport> {
+    let started = Instant::now();
+    if opts.asym && opts.format == ExportFormat::CpuInt4 {
+        return Err(QuantizeError::Options(
+            "--asym is for gptq: cpu_int4 always stores a float zero per group (it is asymmetric already)".into(),
+        ));
+    }
+    // The input: a directory with an unquantized config.
+    if !input.is_dir() {
+        return Err(QuantizeError::Input { path: input.to_path_buf(), message: "is not a model directory".into() });
+    }
+    let config_path = input.join("config.json");
+    let config_text = std::fs::read_to_string(&config_path)
+        .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: e.to_string() })?;
+    let mut config_json: Value = serde_json::from_str(&config_text)
+        .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: format!("not valid JSON: {e}") })?;
+    let cfg = ModelConfig::from_json(&config_text)
+        .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: e.message })?;
+    if let Some(q) = &cfg.quantization_config {
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown method");
+        return Err(QuantizeError::AlreadyQuantized {
+            path: input.to_path_buf(),
+            what: format!("config.json has a quantization_config, quant_method {method}"),
+        });
+    }
+    if input.join("quantize_config.json").exists() {
+        return Err(QuantizeError::AlreadyQuantized {
+            path: input.to_path_buf(),
+            what: "it has a quantize_config.json".into(),
+        });
+    }
+    let (parent, out_name) = check_output(input, out, opts.force)?;
+
+    let ckpt = Checkpoint::open(input)
+        .map_err(|e| QuantizeError::Input { path: PathBuf::from(e.context), message: e.message })?;
+    let raw = RawIndex::open(ckpt.files())?;
+    if let Some(t) =
+        raw.tensors.iter().find(|t| [".qweight", ".weight_packed", ".qzeros"].iter().any(|s| t.name.ends_with(s)))
+    {
+        return Err(QuantizeError::AlreadyQuantized {
+            path: input.to_path_buf(),
+            what: format!("it stores the packed tensor {}", t.name),
+        });
+    }
+
+    // The linear layers, their source tensors checked against the config.
+    let mut parts = layer_linears(&cfg, &ckpt, &config_path)?;
+    let embed = "model.embed_tokens.weight";
+    let tied = cfg.tie_word_embeddings || raw.get("lm_head.weight").is_none();
+    let head_source = if tied { embed } else { "lm_head.weight" };
+    parts.push(LinearPart {
+        prefix: "lm_head".into(),
+        source: head_source.into(),
+        n: cfg.vocab_size,
+        k: cfg.hidden_size,
+        group: "lm_head".into(),
+    });
+    for p in &parts {
+        let t = raw.get(&p.source).ok_or_else(|| QuantizeError::Tensor {
+            tensor: p.source.clone(),
+            message: "is missing from the checkpoint".into(),
+        })?;
+        if t.shape != [p.n, p.k] {
+            return Err(QuantizeError::Tensor {
+                tensor: p.source.clone(),
+                message: format!("shape {:?}, but config.json implies {:?}", t.shape, [p.n, p.k]),
+            });
+        }
+    }
+    let ignored = resolve_ignore(&opts.ignore, &parts)?;
+    let quantize_head = opts.quantize_head && !ignored.contains("lm_head");
+    let quantized: Vec<&LinearPart> =
+        parts.iter().filter(|p| !ignored.contains(&p.prefix) && (p.prefix != "lm_head" || quantize_head)).collect();
+    for p in &quantized {
+        check_shape(&p.prefix, p.n, p.k, opts.format)?;
+    }
+    let untie = tied && quantize_head;
+
+    // The plan: one job per input tensor in file order (the untied head right after the embedding), and
+    // every output tensor with its offset.
+    let by_source: HashMap<&str, &LinearPart> = quantized.iter().map(|p| (p.source.as_str(), *p)).collect();
+    let ignored_sources: HashSet<String> =
+        parts.iter().filter(|p| ignored.contains(&p.prefix) && p.source != embed).map(|p| p.source.clone()).collect();
+    let mut jobs = Vec::new();
+    let mut outputs: Vec<OutTensor> = Vec::new();
+    for (ri, t) in raw.tensors.iter().enumerate() {
+        let as_linear = by_source.get(t.name.as_str()).filter(|p| p.prefix != "lm_head" || !untie);
+        if let Some(p) = as_linear {
+            let outs = quantized_part_outputs(p, opts, &mut outputs);
+            jobs.push(Job::Quantize { part: (*p).clone(), outs });
+            continue;
+        }
+        if t.name == "lm_head.weight" && untie {
+            // A tied checkpoint's redundant copy of the head: the quantized head replaces it.
+            continue;
+        }
+        let why = if ignored_sources.contains(&t.name) {
+            "ignored"
+        } else if t.name == "lm_head.weight" {
+            "head left unquantized"
+        } else {
+            "not a linear layer"
+        };
+        let out = push_out(&mut outputs, t.name.clone(), t.dtype, t.shape.clone(), t.len);
+        jobs.push(Job::Copy { raw: ri, out, why });
+        if untie && t.name == embed {
+            let head = parts
+                .iter()
+                .find(|p| p.prefix == "lm_head")
+                .cloned()
+                .ok_or_else(|| QuantizeError::Tensor { tensor: "lm_head".into(), message: "no head layer".into() })?;
+            let outs = quantized_part_outputs(&head, opts, &mut outputs);
+            jobs.push(Job::Quantize { part: head, outs });
+        }
+    }
+    let data_len = assign_offsets(&mut outputs);
+    let header = header_bytes(&outputs, opts)?;
+
+    // Write into a hidden directory beside the output.
+    let work =
+        WorkDir { path: parent.join(format!(".{out_name}.int4-quantize-{}.tmp", std::process::id())), keep: false };
+    std::fs::create_dir_all(&parent).map_err(io_err(&parent))?;
+    sweep_stale_work_dirs(&parent, &out_name);
+    std::fs::create_dir_all(&work.path).map_err(io_err(&work.path))?;
+    let model_path = work.path.join("model.safetensors");
+    let mut file = File::create(&model_path).map_err(io_err(&model_path))?;
+    let data_start = 8 + header.len() as u64;
+    file.write_all(&(header.len() as u64).to_le_bytes()).map_err(io_err(&model_path))?;
+    file.write_all(&header).map_err(io_err(&model_path))?;
+    file.set_len(data_start + data_len).map_err(io_err(&model_path))?;
+
+    let mut sources: Vec<File> =
+        raw.files.iter().map(|p| File::open(p).map_err(io_err(p))).collect::<Result<Vec<_>>>()?;
+    let bytes_total: u64 = jobs
+        .iter()
+        .map(|j| match j {
+            Job::Copy { raw: r, .. } => raw.tensors[*r].len,
+            Job::Quantize { part, .. } => raw.get(&part.source).map_or(0, |t| t.len),
+        })
+        .sum();
+    let mut bytes_done = 0u64;
+    let mut peak_rss = rss_anon_bytes();
+    let mut tensors = Vec::new();
+    let mut copied = Vec::new();
+    let mut buf = Vec::new();
+    for (done, job) in jobs.iter().enumerate() {
+        let name = match job {
+            Job::Copy { raw: r, out: o, why } => {
+                let t = &raw.tensors[*r];
+                let dst = data_start + outputs[*o].offset;
+                copy_tensor(t, &mut sources[t.file], &raw.files[t.file], &mut file, &model_path, dst, &mut buf)?;
+                copied.push(CopiedTensor {
+                    name: t.name.clone(),
+                    dtype: dtype_name(t.dtype),
+                    shape: t.shape.clone(),
+                    bytes: t.len,
+                    why: (*why).to_string(),
+                });
+                bytes_done += t.len;
+                t.name.as_str()
+            }
+            Job::Quantize { part, outs } => {
+                let src = raw.get(&part.source).ok_or_else(|| QuantizeError::Tensor {
+                    tensor: part.source.clone(),
+                    message: "is missing from the checkpoint".into(),
+                })?;
+                let w = match ckpt.f32(&part.source, &[part.n, part.k]) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        let nf = find_non_finite(src, &mut sources[src.file], &raw.files[src.file], &mut buf)?;
+                        return Err(nf.unwrap_or(QuantizeError::Tensor { tensor: e.context, message: e.message }));
+                    }
+                };
+                let encoded = encode(&part.prefix, &w, part.n, part.k, opts)?;
+                for (blob, &o) in encoded.blobs.iter().zip(outs) {
+                    let at = data_start + outputs[o].offset;
+                    debug_assert_eq!(blob.len() as u64, outputs[o].len, "{}", outputs[o].name);
+                    write_at(&mut file, &model_path, at, blob)?;
+                }
+                peak_rss = peak_rss.max(rss_anon_bytes());
+                tensors.push(layer_report(part, src, &encoded, opts));
+                bytes_done += src.len;
+                part.prefix.as_str()
+            }
+        };
+        if let Some(report) = progress {
+            report(Progress { done: done + 1, total: jobs.len(), bytes_done, bytes_total, tensor: name });
+        }
+    }
+    file.sync_all().map_err(io_err(&model_path))?;
+    drop(file);
+    let output_bytes = data_start + data_len;
+
+    // config.json, the other files, the report; then into place.
+    let qc = match opts.format {
+        ExportFormat::CpuInt4 => {
+            json!({"quant_method": "cpu_int4", "bits": 4, "group_size": opts.group.to_checkpoint()})
+        }
+        ExportFormat::Gptq => json!({
+            "quant_method": "gptq", "bits": 4, "group_size": opts.group.to_checkpoint(), "sym": !opts.asym,
+            "desc_act": false,
+            "checkpoint_format": opts.zero_format().map_or("gptq", ZeroFormat::as_checkpoint_format),
+            "lm_head": quantize_head,
+        }),
+    };
+    if let Some(obj) = config_json.as_object_mut() {
+        obj.insert("quantization_config".into(), qc);
+        if untie {
+            obj.insert("tie_word_embeddings".into(), Value::Bool(false));
+        }
+    }
+    write_json(&work.path.join("config.json"), &config_json)?;
+    let files_copied = copy_side_files(input, &work.path)?;
+
+    let head = match (quantize_head, tied) {
+        (true, true) => "quantized as its own lm_head (untied from the embedding, which stays unquantized)",
+        (true, false) => "quantized",
+        (false, true) => "left tied to the unquantized embedding",
+        (false, false) => "left unquantized",
+    };
+    let mut ignored_list: Vec<String> = ignored.into_iter().collect();
+    ignored_list.sort();
+    let input_bytes = raw.files.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+    let totals = totals(&tensors, &copied, input_bytes, output_bytes, started, peak_rss);
+    let report = QuantizeReport {
+        format: opts.format.name().into(),
+        checkpoint_format: opts.zero_format().map(|z| z.as_checkpoint_format().to_string()),
+        sym: opts.format == ExportFormat::Gptq && !opts.asym,
+        group_size: opts.group.to_checkpoint(),
+        search: opts.search == ScaleSearch::Shrink,
+        head: head.into(),
+        ignored: ignored_list,
+        input: input.to_path_buf(),
+        output: out.to_path_buf(),
+        tensors,
+        copied,
+        files_copied,
+        totals,
+        int4_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    write_json(&work.path.join("quantization_report.json"), &report)?;
+    move_into_place(work, out, &parent, &out_name)?;
+    Ok(report)
+}
+
+/// Adds a quantized layer's output tensors; returns their indices.
+fn quantized_part_outputs(p: &LinearPart, opts: &QuantizeOptions, outputs: &mut Vec<OutTensor>) -> Vec<usize> {
+    quantized_tensors(&p.prefix, p.n, p.k, opts)
+        .into_iter()
+        .map(|(name, dtype, shape)| {
+            let len = shape.iter().product::<usize>() as u64 * elem_bytes(dtype);
+            push_out(outputs, name, dtype, shape, len)
+        })
+        .collect()
+}
+
+/// Adds an output tensor (its offset is assigned once all are known); returns its index.
+fn push_out(outputs: &mut Vec<OutTensor>, name: String, dtype: Dtype, shape: Vec<usize>, len: u64) -> usize {
+    outputs.push(OutTensor { name, dtype, shape, len, offset: 0 });
+    outputs.len() - 1
+}
+
+/// Orders the output by element size, largest first (as the safetensors crate's own writer does; stable,
+/// so the plan's order within a size), and gives each tensor its offset. Every tensor's length is a
+/// multiple of its element size, so each starts aligned to it. Returns the data section's length.
+fn assign_offsets(outputs: &mut [OutTensor]) -> u64 {
+    let mut order: Vec<usize> = (0..outputs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(outputs[i].dtype.bitsize().max(8)));
+    let mut offset = 0u64;
+    for i in order {
+        outputs[i].offset = offset;
+        offset += outputs[i].len;
+    }
+    offset
+}
+
+/// The safetensors header: JSON with every tensor's dtype, shape and data offsets, padded with spaces to
+/// a multiple of 8 bytes so the data section starts aligned.
+fn header_bytes(outputs: &[OutTensor], opts: &QuantizeOptions) -> Result<Vec<u8>> {
+    let mut header = serde_json::Map::new();
+    header.insert(
+        "__metadata__".into(),
+        json!({
+            "format": "pt",
+            "quantizer": format!("int4 quantize {}", env!("CARGO_PKG_VERSION")),
+            "quant_method": opts.format.name(),
+        }),
+    );
+    for t in outputs {
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": dtype_name(t.dtype), "shape": t.shape, "data_offsets": [t.offset, t.offset + t.len]}),
+        );
+    }
+    let mut bytes = serde_json::to_vec(&Value::Object(header))
+        .map_err(|e| QuantizeError::Output { path: PathBuf::from("model.safetensors"), message: e.to_string() })?;
+    bytes.resize(bytes.len().div_ceil(8) * 8, b' ');
+    Ok(bytes)
+}
+
+fn dtype_name(d: Dtype) -> String {
+    match serde_json::to_value(d) {
+        Ok(Value::String(s)) => s,
+        _ => format!("{d:?}"),
+    }
+}
+
+/// Resolves `--ignore` entries to the layers' prefixes; every entry must match a layer, and a fused group
+/// must be ignored whole.
+fn resolve_ignore(entries: &[String], parts: &[LinearPart]) -> Result<HashSet<String>> {
+    let mut ignored = HashSet::new();
+    for raw in entries {
+        let e = raw.trim();
+        if e.is_empty() {
+            continue;
+        }
+        let e = e.strip_suffix(".weight").unwrap_or(e);
+        let prefix_dot = format!("{e}.");
+        let hits: Vec<&LinearPart> =
+            parts.iter().filter(|p| p.prefix == e || p.group == e || p.prefix.starts_with(&prefix_dot)).collect();
+        if hits.is_empty() {
+            let mut examples: Vec<String> = parts.iter().take(7).map(|p| p.prefix.clone()).collect();
+            examples.extend(["model.layers.0.self_attn.qkv".into(), "model.layers.0".into(), "lm_head".into()]);
+            return Err(QuantizeError::UnknownIgnore { name: raw.clone(), examples });
+        }
+        ignored.extend(hits.iter().map(|p| p.prefix.clone()));
+    }
+    for p in parts {
+        if !ignored.contains(&p.prefix) {
+            continue;
+        }
+        let fused: Vec<&LinearPart> = parts.iter().filter(|q| q.group == p.group).collect();
+        if fused.iter().any(|q| !ignored.contains(&q.prefix)) {
+            return Err(QuantizeError::PartialFusedIgnore {
+                name: p.prefix.clone(),
+                fused: fused.iter().map(|q| q.prefix.clone()).collect(),
+                group: p.group.clone(),
+            });
+        }
+    }
+    Ok(ignored)
+}
+
+/// Refuses an output that is the input (or inside it, or around it) or that exists and is not empty
+/// (unless `force`). Returns the directory to work in and the output's file name.
+fn check_output(input: &Path, out: &Path, force: bool) -> Result<(PathBuf, String)> {
+    let bad = |m: &str| QuantizeError::Output { path: out.to_path_buf(), message: m.to_string() };
+    let name = out.file_name().and_then(|n| n.to_str()).ok_or_else(|| bad("has no usable directory name"))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    // Where the parent does not exist yet, the output cannot be (or contain) the input, and nothing is
+    // created until the export starts writing.
+    if parent.exists() {
+        let canon_in = std::fs::canonicalize(input).map_err(io_err(input))?;
+        let canon_out = std::fs::canonicalize(&parent).map_err(io_err(&parent))?.join(name);
+        if canon_out.starts_with(&canon_in) || canon_in.starts_with(&canon_out) {
+            return Err(bad("is the input directory, inside it, or contains it"));
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(out) {
+        let empty_dir = meta.is_dir() && std::fs::read_dir(out).map_err(io_err(out))?.next().is_none();
+        if !empty_dir && !force {
+            return Err(QuantizeError::OutputExists { path: out.to_path_buf() });
+        }
+    }
+    Ok((parent, name.to_string()))
+}
+
+/// Removes work directories a killed export into the same output left behind (their process is gone;
+/// where that cannot be told, as without `/proc`, nothing is removed).
+fn sweep_stale_work_dirs(parent: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    let prefix = format!(".{name}.int4-quantize-");
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name.to_str().and_then(|f| f.strip_prefix(&prefix)).and_then(|f| f.strip_suffix(".tmp"))
+        else {
+            continue;
+        };
+        let ours = pid == std::process::id().to_string();
+        let dead = Path::new("/proc/self").exists() && !Path::new("/proc").join(pid).exists();
+        if ours || dead {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Renames the finished work directory to `out`, replacing what is there (already allowed by
+/// [`check_output`]): the old one is moved aside first and removed only once the new one is in place.
+fn move_into_place(mut work: WorkDir, out: &Path, parent: &Path, name: &str) -> Result<()> {
+    if std::fs::symlink_metadata(out).is_ok() {
+        let old = parent.join(format!(".{name}.int4-quantize-{}.old", std::process::id()));
+        std::fs::rename(out, &old).map_err(io_err(out))?;
+        if let Err(e) = std::fs::rename(&work.path, out) {
+            let _ = std::fs::rename(&old, out);
+            return Err(QuantizeError::Io { path: out.to_path_buf(), source: e });
+        }
+        work.keep = true;
+        let is_dir = std::fs::symlink_metadata(&old).is_ok_and(|m| m.is_dir());
+        let removed = if is_dir { std::fs::remove_dir_all(&old) } else { std::fs::remove_file(&old) };
+        removed.map_err(io_err(&old))?;
+    } else {
+        std::fs::rename(&work.path, out).map_err(io_err(out))?;
+        work.keep = true;
+    }
+    Ok(())
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value)
+        .map_err(|e| QuantizeError::Output { path: path.to_path_buf(), message: e.to_string() })?;
+    text.push('\n');
+    std::fs::write(path, text).map_err(io_err(path))
+}
+
+/// Copies the directory's other regular files (tokenizer, generation config, chat template, licence…).
+fn copy_side_files(input: &Path, to: &Path) -> Result<Vec<String>> {
+    let mut copied = Vec::new();
+    for entry in std::fs::read_dir(input).map_err(io_err(input))? {
+        let entry = entry.map_err(io_err(input))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+        let is_file = entry.file_type().map_err(io_err(&entry.path()))?.is_file();
+        if !is_file || name.starts_with('.') || is_weights_file(&name) || NOT_COPIED.contains(&name.as_str()) {
+            continue;
+        }
+        std::fs::copy(entry.path(), to.join(&name)).map_err(io_err(&entry.path()))?;
+        copied.push(name);
+    }
+    copied.sort();
+    Ok(copied)
+}
+
+fn write_at(file: &mut File, path: &Path, at: u64, bytes: &[u8]) -> Result<()> {
+    file.seek(SeekFrom::Start(at)).map_err(io_err(path))?;
+    file.write_all(bytes).map_err(io_err(path))
+}
+
+/// Streams a tensor's bytes from its input file to `dst` in the output, refusing NaN or infinity.
+fn copy_tensor(
+    t: &RawTensor,
+    src: &mut File,
+    src_path: &Path,
+    out: &mut File,
+    out_path: &Path,
+    dst: u64,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    let mut done = 0u64;
+    src.seek(SeekFrom::Start(t.start)).map_err(io_err(src_path))?;
+    out.seek(SeekFrom::Start(dst)).map_err(io_err(out_path))?;
+    while done < t.len {
+        let step = (t.len - done).min(COPY_CHUNK as u64) as usize;
+        buf.resize(step, 0);
+        src.read_exact(buf).map_err(io_err(src_path))?;
+        if let Some((i, v)) = first_non_finite(t.dtype, buf) {
+            return Err(non_finite(t, done / elem_bytes(t.dtype) + i as u64, v));
+        }
+        out.write_all(buf).map_err(io_err(out_path))?;
+        done += step as u64;
+    }
+    Ok(())
+}
+
+/// The first NaN or infinity of a tensor, read from its file (why [`Checkpoint::f32`] refused it).
+fn find_non_finite(t: &RawTensor, src: &mut File, src_path: &Path, buf: &mut Vec<u8>) -> Result<Option<QuantizeError>> {
+    let mut done = 0u64;
+    src.seek(SeekFrom::Start(t.start)).map_err(io_err(src_path))?;
+    while done < t.len {
+        let step = (t.len - done).min(COPY_CHUNK as u64) as usize;
+        buf.resize(step, 0);
+        src.read_exact(buf).map_err(io_err(src_path))?;
+        if let Some((i, v)) = first_non_finite(t.dtype, buf) {
+            return Ok(Some(non_finite(t, done / elem_bytes(t.dtype) + i as u64, v)));
+        }
+        done += step as u64;
+    }
+    Ok(None)
+}
+
+fn elem_bytes(d: Dtype) -> u64 {
+    (d.bitsize() / 8).max(1) as u64
+}
+
+fn non_finite(t: &RawTensor, flat: u64, value: f32) -> QuantizeError {
+    let mut index = vec![0usize; t.shape.len()];
+    let mut rest = flat as usize;
+    for (i, &d) in t.shape.iter().enumerate().rev() {
+        if d > 0 {
+            index[i] = rest % d;
+            rest /= d;
+        }
+    }
+    QuantizeError::NonFinite { tensor: t.name.clone(), index, value }
+}
+
+/// The first non-finite element of little-endian float bytes (none for other dtypes).
+fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, f32)> {
+    let find = |size: usize, decode: &dyn Fn(&[u8]) -> f32| {
+        bytes.chunks_exact(size).map(decode).enumerate().find(|(_, v)| !v.is_finite())
+    };
+    match dtype {
+        Dtype::F32 => find(4, &|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        Dtype::F16 => find(2, &|b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        Dtype::BF16 => find(2, &|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        Dtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .enumerate()
+            .find(|(_, v)| !v.is_finite())
+            .map(|(i, v)| (i, v as f32)),
+        _ => None,
+    }
+}
+
+/// A quantized layer's stored bytes, in [`quantized_tensors`]' order, and its SNR sums.
+struct Encoded {
+    blobs: Vec<Vec<u8>>,
+    /// Bytes of codes, scales and zero points.
+    stored: u64,
+    signal: f64,
+    noise: f64,
+}
+
+fn f32_le(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn i32_le(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// `[N][G]` → `[G][N]`.
+fn transpose<T: Copy>(v: &[T], n: usize, g: usize) -> Vec<T> {
+    (0..g * n).map(|i| v[(i % n) * g + i / n]).collect()
+}
+
+/// Quantizes `w` (`[n][k]`) and packs it in the export's format, then decodes the packed bytes to measure
+/// the SNR of what is stored. Rows are quantized in parallel in blocks; each row's result does not depend
+/// on the others, so the bytes are those of one call over the whole matrix.
+fn encode(tensor: &str, w: &[f32], n: usize, k: usize, opts: &QuantizeOptions) -> Result<Encoded> {
+    let qerr = |e: LayoutError| QuantizeError::Quantize { tensor: tensor.to_string(), message: e.to_string() };
+    let (group, search) = (opts.group, opts.search);
+    let groups = group.groups(k);
+    let rows = (TASK_WEIGHTS / k).max(1);
+    match opts.format {
+        ExportFormat::CpuInt4 => {
+            let blocks = w
+                .par_chunks(rows * k)
+                .map(|c| {
+                    let q = grid::quantize_asymmetric(c, c.len() / k, k, group, search, ParamPrecision::F32)?;
+                    Ok((rowmajor::pack(&q.codes)?, q.params.scales().to_vec(), q.params.zeros().to_vec()))
+                })
+                .collect::<std::result::Result<Vec<_>, LayoutError>>()
+                .map_err(qerr)?;
+            let (mut packed, mut scale, mut zero) =
+                (Vec::with_capacity(n * k / 2), Vec::with_capacity(n * groups), Vec::with_capacity(n * groups));
+            for (p, s, z) in blocks {
+                packed.extend_from_slice(&p);
+                scale.extend_from_slice(&s);
+                zero.extend_from_slice(&z);
+            }
+            check_params(tensor, &scale)?;
+            check_params(tensor, &zero)?;
+            let blobs = vec![packed, f32_le(&scale), f32_le(&zero)];
+            let stored = (n * k / 2 + 8 * n * groups) as u64;
+            let (signal, noise) = snr_sums(w, n, k, |row, out| decode_cpu_int4_row(&blobs, row, k, group, out));
+            Ok(Encoded { blobs, stored, signal, noise })
+        }
+        ExportFormat::Gptq => {
+            let zf = if opts.asym { ZeroFormat::V2 } else { ZeroFormat::V1 };
+            let blocks = w
+                .par_chunks(rows * k)
+                .map(|c| {
+                    let nc = c.len() / k;
+                    if opts.asym {
+                        let q = grid::quantize_integer_zero(c, nc, k, group, search, ParamPrecision::F16)?;
+                        Ok((gptq::pack_qweight(&q.codes)?, q.scales, q.zero_points))
+                    } else {
+                        let q = grid::quantize_symmetric(c, nc, k, group, search, ParamPrecision::F16)?;
+                        Ok((gptq::pack_qweight(&q.codes)?, q.params.scales().to_vec(), vec![8u8; nc * groups]))
+                    }
+                })
+                .collect::<std::result::Result<Vec<_>, LayoutError>>()
+                .map_err(qerr)?;
+            // Each block's qweight is `[K/8][rows]`: its columns go to the block's rows of `[K/8][N]`.
+            let mut qweight = vec![0i32; k / 8 * n];
+            let (mut scale, mut zeros) = (Vec::with_capacity(n * groups), Vec::with_capacity(n * groups));
+            let mut r0 = 0;
+            for (qw, s, z) in blocks {
+                let nc = s.len() / groups;
+                for r in 0..k / 8 {
+                    qweight[r * n + r0..r * n + r0 + nc].copy_from_slice(&qw[r * nc..(r + 1) * nc]);
+                }
+                scale.extend_from_slice(&s);
+                zeros.extend_from_slice(&z);
+                r0 += nc;
+            }
+            check_params(tensor, &scale)?;
+            let scales_gn = transpose(&scale, n, groups);
+            if let Some(i) = scales_gn.iter().position(|&s| !f16::from_f32(s).to_f32().is_finite()) {
+                return Err(QuantizeError::Quantize {
+                    tensor: tensor.to_string(),
+                    message: format!("scale {} (group {}, channel {}) overflows f16", scales_gn[i], i / n, i % n),
+                });
+            }
+            let qzeros = gptq::pack_qzeros(&transpose(&zeros, n, groups), groups, n, zf).map_err(qerr)?;
+            let scale_bytes: Vec<u8> = scales_gn.iter().flat_map(|&s| f16::from_f32(s).to_le_bytes()).collect();
+            let g_idx = gptq::default_g_idx(k, group);
+            let blobs = vec![i32_le(&qweight), i32_le(&qzeros), scale_bytes, i32_le(&g_idx)];
+            drop((qweight, zeros, scale));
+            let stored = (n * k / 2 + 4 * groups * n / 8 + 2 * groups * n) as u64;
+            let (signal, noise) = snr_sums(w, n, k, |row, out| decode_gptq_row(&blobs, row, n, k, group, zf, out));
+            Ok(Encoded { blobs, stored, signal, noise })
+        }
+    }
+}
+
+fn check_params(tensor: &str, v: &[f32]) -> Result<()> {
+    match v.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(QuantizeError::Quantize {
+            tensor: tensor.to_string(),
+            message: format!("a scale or zero ({}, entry {i}) is not finite: the weights are too large", v[i]),
+        }),
+    }
+}
+
+fn le_f32(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
+fn le_u32(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
+/// Row `row` of a `cpu_int4` layer decoded from its stored bytes: `(q − 8)·s + z` ([`dequantize`]).
+fn decode_cpu_int4_row(blobs: &[Vec<u8>], row: usize, k: usize, group: GroupSize, out: &mut [f32]) {
+    let (packed, scale, zero) = (&blobs[0], &blobs[1], &blobs[2]);
+    let (groups, g_len) = (group.groups(k), group.len(k));
+    let bytes = &packed[row * (k / 2)..(row + 1) * (k / 2)];
+    for g in 0..groups {
+        let (s, z) = (le_f32(scale, row * groups + g), le_f32(zero, row * groups + g));
+        let (k0, k1) = (g * g_len, ((g + 1) * g_len).min(k));
+        for kk in k0..k1 {
+            let byte = bytes[kk / 2];
+            out[kk] = dequantize(if kk % 2 == 0 { byte & 0xF } else { byte >> 4 }, s, z);
+        }
+    }
+}
+
+/// Row `row` of a GPTQ layer decoded from its stored bytes: `(q − z)·s`, `z` read in `zf`'s convention.
+/// (K and the group size are multiples of 8, so each `qweight` word lies in one group.)
+fn decode_gptq_row(
+    blobs: &[Vec<u8>],
+    row: usize,
+    n: usize,
+    k: usize,
+    group: GroupSize,
+    zf: ZeroFormat,
+    out: &mut [f32],
+) {
+    let (qweight, qzeros, scales) = (&blobs[0], &blobs[1], &blobs[2]);
+    let (groups, g_len) = (group.groups(k), group.len(k));
+    let offset = if zf == ZeroFormat::V1 { 1 } else { 0 };
+    for g in 0..groups {
+        let i = g * n + row;
+        let s = f16::from_le_bytes([scales[2 * i], scales[2 * i + 1]]).to_f32();
+        let z = (((le_u32(qzeros, g * (n / 8) + row / 8) >> (4 * (row % 8))) & 0xF) + offset) as f32;
+        let (k0, k1) = (g * g_len, ((g + 1) * g_len).min(k));
+        for r in k0 / 8..k1 / 8 {
+            let word = le_u32(qweight, r * n + row);
+            for (j, o) in out[8 * r..8 * r + 8].iter_mut().enumerate() {
+                *o = (((word >> (4 * j)) & 0xF) as f32 - z) * s;
+            }
+        }
+    }
+}
+
+/// `(Σw², Σ(w − ŵ)²)` in f64: per row (rows in parallel), then over rows in order.
+fn snr_sums(w: &[f32], n: usize, k: usize, decode: impl Fn(usize, &mut [f32]) + Sync) -> (f64, f64) {
+    let per_row: Vec<(f64, f64)> = (0..n)
+        .into_par_iter()
+        .map_init(
+            || vec![0.0f32; k],
+            |buf, row| {
+                decode(row, buf);
+                let src = &w[row * k..(row + 1) * k];
+                let mut s = 0.0f64;
+                let mut e = 0.0f64;
+                for (&a, &b) in src.iter().zip(buf.iter()) {
+                    s += f64::from(a) * f64::from(a);
+                    let d = f64::from(a) - f64::from(b);
+                    e += d * d;
+                }
+                (s, e)
+            },
+        )
+        .collect();
+    per_row.iter().fold((0.0, 0.0), |(s, e), (a, b)| (s + a, e + b))
+}
+
+/// `10·log10(signal/noise)`; `None` when there is no noise.
+pub fn snr_db(signal: f64, noise: f64) -> Option<f64> {
+    (noise > 0.0).then(|| 10.0 * (signal / noise).log10())
+}
+
+fn layer_report(part: &LinearPart, src: &RawTensor, e: &Encoded, opts: &QuantizeOptions) -> TensorReport {
+    let weights = (part.n * part.k) as f64;
+    TensorReport {
+        name: part.prefix.clone(),
+        source: part.source.clone(),
+        source_dtype: dtype_name(src.dtype),
+        shape: [part.n, part.k],
+        snr_db: snr_db(e.signal, e.noise),
+        signal: e.signal,
+        noise: e.noise,
+        bits_per_weight: e.stored as f64 * 8.0 / weights,
+        stored_bytes: e.stored,
+        group_size: opts.group.to_checkpoint(),
+        search: opts.search == ScaleSearch::Shrink,
+        format: match opts.zero_format() {
+            None => "cpu_int4".into(),
+            Some(z) => z.as_checkpoint_format().into(),
+        },
+    }
+}
+
+fn totals(
+    tensors: &[TensorReport],
+    copied: &[CopiedTensor],
+    input_bytes: u64,
+    output_bytes: u64,
+    started: Instant,
+    peak_rss: Option<u64>,
+) -> QuantizeTotals {
+    let weights: u64 = tensors.iter().map(|t| (t.shape[0] * t.shape[1]) as u64).sum();
+    let stored: u64 = tensors.iter().map(|t| t.stored_bytes).sum();
+    let (signal, noise) = tensors.iter().fold((0.0, 0.0), |(s, e), t| (s + t.signal, e + t.noise));
+    let worst = tensors.iter().filter_map(|t| t.snr_db.map(|s| (s, &t.name))).min_by(|a, b| a.0.total_cmp(&b.0));
+    QuantizeTotals {
+        quantized_tensors: tensors.len(),
+        quantized_weights: weights,
+        quantized_bytes: stored,
+        bits_per_weight: if weights == 0 { 0.0 } else { stored as f64 * 8.0 / weights as f64 },
+        snr_db: snr_db(signal, noise),
+        min_snr_db: worst.map(|w| w.0),
+        worst_tensor: worst.map(|w| w.1.clone()),
+        copied_tensors: copied.len(),
+        copied_bytes: copied.iter().map(|c| c.bytes).sum(),
+        input_bytes,
+        output_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+        peak_rss_anon_bytes: peak_rss,
+    }
+}
+
+/// This process's anonymous resident memory (Linux `RssAnon`), if readable.
+fn rss_anon_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = s.lines().find(|l| l.starts_with("RssAnon:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
