@@ -1,8 +1,11 @@
 //! Project automation, written in Rust so it runs wherever cargo does (`cargo xtask <task>`).
 //!
 //! * `cargo xtask ci` — everything CI checks, in order, failing on the first failure: formatting,
-//!   clippy with warnings denied, every test in the workspace, then `cargo xtask bench --quick` so the
-//!   README's main command is known to work.
+//!   clippy with warnings denied, every test in the workspace, the kernel tests again capped at the
+//!   portable ISA, the W4A8 tests on an emulated AVX-512 CPU (`emulate-avx512`), then
+//!   `cargo xtask bench --quick` so the README's main command is known to work.
+//! * `cargo xtask emulate-avx512` — the W4A8 kernel tests as a static binary on an emulated Tiger Lake
+//!   (AVX-512 with VNNI) under Bochs (`scripts/avx512-emulator.sh`), failing if the VNNI kernel did not run.
 //! * `cargo xtask bench [--quick]` — the kernel table: W4A16 decode and prefill and the dense bf16 kernels
 //!   at the project's real shapes, beside the machine's own bandwidth and FMA ceilings measured in the same
 //!   run (`target/bench/kernels.json` too). `--quick` uses fewer shapes and rounds. The criterion
@@ -31,8 +34,9 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("bench") => bench(rest.contains(&"--quick")),
         Some("fetch-model") => fetch_model(&rest),
+        Some("emulate-avx512") => emulated_avx512(&mut (0, 0)),
         Some("-h") | Some("--help") | None => {
-            println!("usage: cargo xtask <ci | bench [--quick] | fetch-model [--dir DIR]>");
+            println!("usage: cargo xtask <ci | bench [--quick] | fetch-model [--dir DIR] | emulate-avx512>");
             Ok(())
         }
         Some(other) if other.starts_with('-') => bail!("unknown option `{other}` (try `cargo xtask --help`)"),
@@ -52,6 +56,8 @@ fn ci() -> Result<()> {
     // The kernel suite again with the ISA capped at portable, so dispatch itself is exercised on the
     // fallback (each test also runs every variant directly).
     run_tests(&["test", "-p", "int4-kernels"], &[("INT4_ISA", "portable")], &mut totals)?;
+    // The AVX-512 VNNI kernels on an emulated AVX-512 CPU (this machine has none).
+    emulated_avx512(&mut totals)?;
     report_skips(skips)?;
     bench(true)?;
     println!("xtask ci: all checks passed");
@@ -93,6 +99,75 @@ fn run_tests(args: &[&str], env: &[(&str, &str)], totals: &mut (u64, u64)) -> Re
     if !status.success() {
         bail!("`cargo {}` failed ({status})", args.join(" "));
     }
+    Ok(())
+}
+
+/// The W4A8 kernel tests, built as a static binary and run on an emulated Tiger Lake CPU (AVX-512 F/BW/VL
+/// with VNNI) by `scripts/avx512-emulator.sh`, so the VNNI kernel is tested bit for bit on every CI run
+/// although the machines have no AVX-512. Fails if the VNNI variant did not run.
+fn emulated_avx512(totals: &mut (u64, u64)) -> Result<()> {
+    let target = "x86_64-unknown-linux-gnu";
+    let build = [
+        "test",
+        "--release",
+        "--target",
+        target,
+        "-p",
+        "int4-kernels",
+        "--test",
+        "w4a8",
+        "--no-run",
+        "--message-format",
+        "json",
+    ];
+    eprintln!("$ RUSTFLAGS='-C target-feature=+crt-static' cargo {}", build.join(" "));
+    let out = Command::new("cargo")
+        .args(build)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env("CARGO_TARGET_DIR", "target/emulated")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("could not start cargo")?;
+    if !out.status.success() {
+        bail!("building the static W4A8 test binary failed ({})", out.status);
+    }
+    let binary = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "w4a8" && !v["executable"].is_null())
+        .and_then(|v| v["executable"].as_str().map(str::to_string))
+        .context("cargo did not report the w4a8 test executable")?;
+    let args = ["--timeout", "2400", "--", &binary, "--test-threads", "1"];
+    eprintln!("$ scripts/avx512-emulator.sh {}", args.join(" "));
+    let mut child = Command::new("scripts/avx512-emulator.sh")
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("could not start the emulator")?;
+    // Echo the guest's output as it comes (the run takes minutes) and keep it for the checks below.
+    let mut text = String::new();
+    {
+        use std::io::BufRead;
+        let out = child.stdout.take().context("no stdout")?;
+        for line in std::io::BufReader::new(out).lines() {
+            let line = line?;
+            println!("{line}");
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("the W4A8 tests on the emulated AVX-512 CPU failed ({status})");
+    }
+    if text.contains("SKIPPED w4a8 variant avx512-vnni") || !text.contains("test result: ok") {
+        bail!("the emulated AVX-512 CPU did not run the VNNI kernel");
+    }
+    for line in text.lines().filter_map(|l| l.trim().strip_prefix("test result: ok. ")) {
+        let n = line.split(" passed").next().and_then(|n| n.trim().parse::<u64>().ok()).unwrap_or(0);
+        totals.0 += n;
+    }
+    println!("xtask ci: the W4A8 VNNI kernel ran on the emulated AVX-512 CPU");
     Ok(())
 }
 

@@ -4,7 +4,8 @@
 //! tokens decoded one at a time after a one-token prompt, greedy. Each is repeated after a warm-up and
 //! reported as mean ± standard deviation; the paths are interleaved repetition by repetition. Also the load
 //! time and the process's anonymous memory after loading each path (the weights are quantized at load, so
-//! the 4-bit paths hold 4-bit weights and the dense ones f32/bf16).
+//! the 4-bit paths hold 4-bit weights and the dense ones f32/bf16). W4A8 on an unquantized checkpoint is
+//! quantized at load to integer zero points (round to nearest, group 128), as W4A16 is to float zeros.
 //!
 //! `model-bench [--quick] [--model DIR] [--json FILE]`; the model defaults to the one `cargo xtask
 //! fetch-model` prepares.
@@ -32,7 +33,7 @@ fn main() {
         std::process::exit(1);
     }
     let (pp, tg, reps) = if quick { (64, 16, 2) } else { (512, 128, 3) };
-    let paths = [("w4a16", RunPath::W4a16), ("bf16", RunPath::Bf16), ("f32", RunPath::F32)];
+    let paths = [("w4a16", RunPath::W4a16), ("w4a8", RunPath::W4a8), ("bf16", RunPath::Bf16), ("f32", RunPath::F32)];
     eprintln!(
         "model bench: {} (pp{pp}, tg{tg}, {reps} repetitions, {} threads)",
         dir.display(),

@@ -1,0 +1,205 @@
+//! Fidelity of each path against the same engine's exact path, on the 12 greedy prompts of the upstream
+//! evaluation (3 chat, 9 plain) and teacher-forced over the reference's own continuations.
+//!
+//! The reference is the f32 path: for the default model (shipped as GGUF Q4_1) that is the checkpoint's
+//! exact dequantization, i.e. the model as its authors shipped it. Each other path is loaded from the same
+//! directory and compared with it:
+//!
+//! * greedy, 64 new tokens per prompt: exact matches out of 12 and the mean prefix kept (common-prefix
+//!   characters over reference characters, as upstream computes it); small models have many near-ties,
+//!   so also where each run first diverges and the reference's top-2 logit gap there;
+//! * teacher-forced over prompt + reference continuation (every position after the prompt): top-1
+//!   agreement with the reference and the mean KL(reference ‖ path) in nats. These positions are the
+//!   reference's own greedy text, where it is confident, so agreement reads higher than on natural text.
+//!
+//! `fidelity [--model DIR] [--json FILE] [--quick]` (`--quick`: 4 prompts, 16 tokens).
+
+use int4::engine::{Engine, LoadOptions, RunPath};
+use int4::sampling::argmax;
+use int4::text::Message;
+use int4_layout::GroupSize;
+use serde_json::json;
+
+const PLAIN: [&str; 9] = [
+    "The capital of Australia is",
+    "In 1969, the Apollo 11 mission",
+    "def fibonacci(n):\n    \"\"\"Return the nth Fibonacci number.\"\"\"\n",
+    "The three laws of thermodynamics state that",
+    "To make a proper espresso you need",
+    "The difference between TCP and UDP is",
+    "Photosynthesis converts",
+    "A binary search tree is a data structure that",
+    "The Treaty of Westphalia was signed in",
+];
+
+fn prompts(e: &Engine) -> Vec<(String, Vec<u32>)> {
+    let msg = |role: &str, content: String| Message { role: role.into(), content };
+    let inventory: Vec<String> =
+        (1..120).map(|i| format!("Item {i}: the code for warehouse district {i} is {}.", 1000 + i * 7)).collect();
+    let chats = [
+        ("chat_short", vec![msg("user", "What is the capital of France? Answer in one word.".into())]),
+        (
+            "chat_long",
+            vec![msg(
+                "user",
+                format!(
+                    "Here is an inventory listing.\n{}\nWhat is the code for warehouse district 73? Answer with just the number.",
+                    inventory.join(" ")
+                ),
+            )],
+        ),
+        (
+            // Upstream also passes a get_weather tool schema; this template rendering passes none.
+            "chat_tools",
+            vec![
+                msg("system", "You are a helpful assistant with tools.".into()),
+                msg("user", "What is the weather in Shenzhen right now, in celsius?".into()),
+            ],
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, messages) in chats {
+        let text = e.text.apply_chat_template(&messages).expect("the model has a chat template");
+        out.push((name.to_string(), e.text.encode(&text).expect("encode")));
+    }
+    for (i, p) in PLAIN.iter().enumerate() {
+        out.push((format!("plain_{i}"), e.text.encode(p).expect("encode")));
+    }
+    out
+}
+
+/// Greedy continuation: the tokens and the logits that chose each.
+fn greedy(e: &Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut cache = e.new_cache().expect("cache");
+    let mut logits = e.model.forward(prompt, &mut cache, false).expect("prefill");
+    let (mut toks, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t = argmax(&logits);
+        all.push(logits.clone());
+        toks.push(t);
+        if e.model.config().eos_token_ids.contains(&t) || toks.len() == n {
+            break;
+        }
+        logits = e.model.forward(&[t], &mut cache, false).expect("decode");
+    }
+    (toks, all)
+}
+
+/// Logits at every position of `ids` (teacher-forced).
+fn all_logits(e: &Engine, ids: &[u32]) -> Vec<Vec<f32>> {
+    let mut cache = e.new_cache().expect("cache");
+    let vocab = e.model.config().vocab_size;
+    let flat = e.model.forward(ids, &mut cache, true).expect("forward");
+    flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let z = l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+    l.iter().map(|&v| v as f64 - z).collect()
+}
+
+fn top2_gap(l: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in l {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let dir =
+        arg("--model").map(std::path::PathBuf::from).or_else(int4::convert::default_model_dir).expect("a model dir");
+    let new_tokens = if quick { 16 } else { 64 };
+    let load = |path: RunPath, group: GroupSize| {
+        let opts = LoadOptions { path, group_size: group, context: 4096, ..LoadOptions::default() };
+        Engine::load(&dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    };
+    let reference = load(RunPath::F32, GroupSize::G128);
+    let mut cases = prompts(&reference);
+    if quick {
+        cases.truncate(4);
+    }
+    eprintln!("fidelity: {} prompts, {new_tokens} new tokens, reference f32", cases.len());
+    let refs: Vec<(Vec<u32>, Vec<Vec<f32>>)> = cases.iter().map(|(_, p)| greedy(&reference, p, new_tokens)).collect();
+    let ref_text: Vec<String> = refs.iter().map(|(t, _)| reference.text.decode(t).expect("decode")).collect();
+    let ref_forced: Vec<Vec<Vec<f32>>> = cases
+        .iter()
+        .zip(&refs)
+        .map(|((_, p), (t, _))| all_logits(&reference, &[p.as_slice(), t.as_slice()].concat()))
+        .collect();
+
+    let paths = [
+        ("w4a16 g32", RunPath::W4a16, GroupSize::G32),
+        ("w4a16 g128", RunPath::W4a16, GroupSize::G128),
+        ("w4a8 g32", RunPath::W4a8, GroupSize::G32),
+        ("w4a8 g128", RunPath::W4a8, GroupSize::G128),
+        ("bf16", RunPath::Bf16, GroupSize::G128),
+    ];
+    println!("\n### Fidelity against the f32 path: {}\n", dir.file_name().unwrap_or_default().to_string_lossy());
+    println!(
+        "| path | kernels (decode / prefill) | exact | mean prefix kept | first divergence (token, ref top-2 gap) per prompt | teacher-forced top-1 | mean KL (nats) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for (name, path, group) in paths {
+        let e = load(path, group);
+        let k = &e.model.kernels(64)[2];
+        let (mut exact, mut kept, mut total) = (0, 0usize, 0usize);
+        let mut divergences = Vec::new();
+        let (mut agree, mut positions, mut kl_sum) = (0usize, 0usize, 0.0f64);
+        for (i, (case, prompt)) in cases.iter().enumerate() {
+            let (toks, _) = greedy(&e, prompt, new_tokens);
+            let text = e.text.decode(&toks).expect("decode");
+            exact += usize::from(text == ref_text[i]);
+            kept += text.chars().zip(ref_text[i].chars()).take_while(|(a, b)| a == b).count();
+            total += ref_text[i].chars().count().max(1);
+            let first = toks.iter().zip(&refs[i].0).position(|(a, b)| a != b);
+            divergences.push(match first {
+                Some(j) => format!("{case}: {j} ({:.2})", top2_gap(&refs[i].1[j])),
+                None if toks.len() == refs[i].0.len() => format!("{case}: —"),
+                None => format!("{case}: {} (length)", toks.len().min(refs[i].0.len())),
+            });
+            let ids = [prompt.as_slice(), refs[i].0.as_slice()].concat();
+            let got = all_logits(&e, &ids);
+            for pos in prompt.len() - 1..ids.len() - 1 {
+                let (r, g) = (&ref_forced[i][pos], &got[pos]);
+                agree += usize::from(argmax(r) == argmax(g));
+                let (lr, lg) = (log_softmax(r), log_softmax(g));
+                kl_sum += lr.iter().zip(&lg).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+                positions += 1;
+            }
+        }
+        let prefix = kept as f64 / total as f64;
+        let top1 = agree as f64 / positions as f64;
+        let kl = kl_sum / positions as f64;
+        println!(
+            "| {name} | {} / {} | {exact}/{} | {prefix:.4} | {} | {:.1}% of {positions} | {kl:.4} |",
+            k.decode,
+            k.prefill,
+            cases.len(),
+            divergences.join("; "),
+            100.0 * top1
+        );
+        rows.push(json!({
+            "path": name, "decode_kernel": k.decode.name(), "prefill_kernel": k.prefill.name(),
+            "exact": exact, "prompts": cases.len(), "mean_prefix_kept": prefix, "first_divergence": divergences,
+            "teacher_forced_positions": positions, "teacher_forced_top1": top1, "mean_kl_nats": kl,
+        }));
+    }
+    if let Some(path) = arg("--json") {
+        let doc = json!({"schema": "int4-fidelity/1", "model": dir, "reference": "f32", "new_tokens": new_tokens, "rows": rows});
+        if let Some(d) = std::path::Path::new(&path).parent() {
+            std::fs::create_dir_all(d).expect("json directory");
+        }
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).expect("json")).expect("write json");
+    }
+}

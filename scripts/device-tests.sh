@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Kernel tests on a lent machine that has no Rust toolchain (an Intel host with AMX, say).
+#
+#   scripts/device-tests.sh build   # here: static test binaries + a runner into target/device/
+#   target/device/run.sh            # there (the `device` tool carries target/device): runs them all
+#
+# `build` compiles the test binaries of the crates whose tests need no model (int4-layout, int4-kernels,
+# int4-select) as static executables, so they run on any x86-64 Linux whatever its C library, and copies
+# them with run.sh into target/device/. run.sh prints the CPU's AMX/AVX-512 flags first, then runs every
+# binary with INT4_TEST_EVERYTHING=1, so a kernel variant the host cannot run fails instead of being
+# skipped quietly; its output goes to stdout and to $OUT/device-tests.log when $OUT is set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+case "${1:-}" in
+build)
+    target=x86_64-unknown-linux-gnu
+    out=target/device
+    rm -rf "$out"
+    mkdir -p "$out/bin"
+    RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR=target/device-build \
+        cargo test --release --target "$target" -p int4-layout -p int4-kernels -p int4-select --no-run \
+        --message-format json 2>/dev/null |
+        python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        name = m["target"]["name"] + "-" + m["package_id"].split("#")[-1].split("@")[0].split("/")[-1]
+        shutil.copy(m["executable"], sys.argv[1] + "/" + name)
+        print(name)
+' "$out/bin"
+    cat >"$out/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# Runs every copied test binary with INT4_TEST_EVERYTHING=1 (see scripts/device-tests.sh).
+cd "$(dirname "$0")"
+log="${OUT:-/tmp}/device-tests.log"
+{
+    echo "== CPU"
+    lscpu | grep -i 'model name'
+    echo "AMX/AVX-512 flags: $(grep -o -w -E 'amx_[a-z0-9]+|avx512[a-z0-9_]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    status=0
+    for t in bin/*; do
+        echo "== $t"
+        INT4_TEST_EVERYTHING=1 "$t" --test-threads 2 || status=1
+    done
+    echo "== exit $status"
+    exit $status
+} 2>&1 | tee "$log"
+exit "${PIPESTATUS[0]}"
+EOF
+    chmod +x "$out/run.sh"
+    du -sh "$out"
+    ;;
+*)
+    echo "usage: scripts/device-tests.sh build   (then run target/device/run.sh on the device)" >&2
+    exit 2
+    ;;
+esac
