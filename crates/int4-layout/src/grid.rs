@@ -187,7 +187,7 @@ pub fn quantize_symmetric(
                     ws,
                     scale,
                     0.0,
-                    |x| (x / scale).round_ties_even() + 8.0,
+                    |x| round_even(x / scale) + 8.0,
                     trial,
                     factors.len() > 1,
                 );
@@ -239,11 +239,11 @@ pub fn quantize_integer_zero(
             for &f in shrinks {
                 let scale = precision.round(span * f / 15.0);
                 let low = lo + span * (1.0 - f) * 0.5;
-                let z = (-low / scale).round_ties_even().clamp(0.0, 15.0) as u8;
+                let z = round_even(-low / scale).clamp(0.0, 15.0) as u8;
                 let trial = &mut trial[..ws.len()];
                 let mut e = 0.0f64;
                 for (c, &x) in trial.iter_mut().zip(ws) {
-                    let q = ((x / scale).round_ties_even() + f32::from(z)).clamp(0.0, 15.0);
+                    let q = (round_even(x / scale) + f32::from(z)).clamp(0.0, 15.0);
                     *c = q as u8;
                     let d = (q - f32::from(z)) * scale - x;
                     e += f64::from(d) * f64::from(d);
@@ -299,6 +299,16 @@ fn round_code(x: f32) -> u8 {
     ((c + MAGIC) - MAGIC) as u8
 }
 
+/// `v.round_ties_even()` for the grid's positions, by the same add-and-subtract as [`round_code`]. Positions
+/// beyond ±2²² (never reached by a code: every caller clamps to 0..=15 afterwards) are clamped first so the
+/// trick stays exact; below that bound the result equals `round_ties_even` (up to the sign of a zero).
+#[inline]
+fn round_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    const BOUND: f32 = 4_194_304.0;
+    (v.clamp(-BOUND, BOUND) + MAGIC) - MAGIC
+}
+
 fn min_max(ws: &[f32]) -> (f32, f32) {
     ws.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }
@@ -316,10 +326,23 @@ fn check_input(w: &[f32], n: usize, k: usize) -> Result<()> {
 
 #[cfg(test)]
 mod round_code_tests {
-    use super::round_code;
+    use super::{round_code, round_even};
 
     /// The add-and-subtract rounding equals `round_ties_even` on every half-step in and around the code
     /// range, on values just beside each tie, and on extremes.
+    #[test]
+    fn round_even_matches_round_ties_even() {
+        let mut x = -70.0f32;
+        while x <= 70.0 {
+            for v in [x, x.next_up(), x.next_down()] {
+                assert_eq!(round_even(v), v.round_ties_even(), "{v:e}");
+            }
+            x += 0.25;
+        }
+        assert_eq!(round_even(1e30), 4_194_304.0);
+        assert_eq!(round_even(-1e30), -4_194_304.0);
+    }
+
     #[test]
     fn round_code_matches_round_ties_even() {
         let mut xs: Vec<f32> = (-80..=200).map(|i| i as f32 * 0.25).collect();
