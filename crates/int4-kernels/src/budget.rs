@@ -49,6 +49,10 @@ impl Budget {
     pub const F32_ACCUMULATE: Budget = Budget { weight_rounding: 0.0, activation_rounding: 0.0 };
     /// Weights rounded to bf16 before bf16 products (`vdpbf16ps`-style kernels), f32 accumulation.
     pub const BF16_WEIGHTS: Budget = Budget { weight_rounding: U_BF16, activation_rounding: 0.0 };
+    /// Weights and activations both rounded to bf16 (`tdpbf16ps` tiles fed f32 activations), f32
+    /// accumulation. A product of two rounded values is off by `(1 + u)² − 1 = 2u + u²`; the `u²` is
+    /// carried on the activation side.
+    pub const BF16_BOTH: Budget = Budget { weight_rounding: U_BF16, activation_rounding: U_BF16 * (1.0 + U_BF16) };
 
     /// The budget for one output with `k` input channels, magnitude sum `mu` and bias `bias`.
     pub fn bound(&self, k: usize, mu: f64, bias: f64) -> f64 {

@@ -68,12 +68,21 @@ pub enum Feature {
     Avx512Vnni,
     /// AMX-TILE with AMX-INT8 (`tdpbsud`), with the OS's tile state and Linux's permission.
     AmxInt8,
+    /// AMX-TILE with AMX-BF16 (`tdpbf16ps`), with the OS's tile state and Linux's permission.
+    AmxBf16,
 }
 
 impl Feature {
     /// Every feature, for listings.
-    pub const ALL: [Feature; 6] =
-        [Feature::Avx2, Feature::Fma, Feature::Avx512, Feature::Avx512Bf16, Feature::Avx512Vnni, Feature::AmxInt8];
+    pub const ALL: [Feature; 7] = [
+        Feature::Avx2,
+        Feature::Fma,
+        Feature::Avx512,
+        Feature::Avx512Bf16,
+        Feature::Avx512Vnni,
+        Feature::AmxInt8,
+        Feature::AmxBf16,
+    ];
 
     /// The name `INT4_DISABLE` uses.
     pub fn name(self) -> &'static str {
@@ -84,6 +93,7 @@ impl Feature {
             Feature::Avx512Bf16 => "avx512bf16",
             Feature::Avx512Vnni => "avx512vnni",
             Feature::AmxInt8 => "amx",
+            Feature::AmxBf16 => "amxbf16",
         }
     }
 
@@ -94,7 +104,7 @@ impl Feature {
     fn level(self) -> IsaLevel {
         match self {
             Feature::Avx2 | Feature::Fma => IsaLevel::Avx2,
-            Feature::AmxInt8 => IsaLevel::Amx,
+            Feature::AmxInt8 | Feature::AmxBf16 => IsaLevel::Amx,
             _ => IsaLevel::Avx512,
         }
     }
@@ -114,6 +124,7 @@ impl Feature {
                 Feature::Avx512Bf16 => std::arch::is_x86_feature_detected!("avx512bf16"),
                 Feature::Avx512Vnni => std::arch::is_x86_feature_detected!("avx512vnni"),
                 Feature::AmxInt8 => crate::w4a8::amx::amx_int8_usable(),
+                Feature::AmxBf16 => crate::w4a8::amx::amx_bf16_usable(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -289,6 +300,32 @@ impl AmxInt8 {
     /// The VNNI token every AMX host has (the tiles do not help a single row).
     pub fn vnni(self) -> Avx512Vnni {
         self.vnni
+    }
+}
+
+/// Proof that AMX-BF16 tiles (`tdpbf16ps`) can execute in this process, checked on the live CPU as for
+/// [`AmxInt8`] (CPUID AMX-TILE and AMX-BF16, XCR0 tile state after OSXSAVE, tile limits, Linux's
+/// permission), and that AVX2 + FMA are there for the decode and the dequantization beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AmxBf16 {
+    avx2: Avx2Fma,
+}
+
+impl AmxBf16 {
+    /// The token, if AMX-BF16 is usable in this process and the process caps allow it.
+    pub fn new() -> Option<Self> {
+        Self::with_caps(IsaCaps::process())
+    }
+
+    /// The token, if AMX-BF16 is usable in this process and `caps` allows it.
+    pub fn with_caps(caps: &IsaCaps) -> Option<Self> {
+        let avx2 = Avx2Fma::with_caps(caps)?;
+        caps.usable(Feature::AmxBf16).then_some(AmxBf16 { avx2 })
+    }
+
+    /// The AVX2 + FMA token every AMX host has.
+    pub fn avx2(self) -> Avx2Fma {
+        self.avx2
     }
 }
 

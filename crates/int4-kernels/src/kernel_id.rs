@@ -15,6 +15,8 @@ pub enum KernelId {
     W4a16PrefillHalvesAvx2,
     /// W4A16 prefill, portable Rust.
     W4a16PrefillPortable,
+    /// W4A16 prefill: dequantize straight from the tinygemm layout to bf16 B tiles, AMX `tdpbf16ps`.
+    W4a16PrefillAmxBf16,
     /// The wna16 fallback: portable Rust over row-major codes.
     Wna16Portable,
     /// Unquantized bf16 weights, GEMV, AVX2.
@@ -46,6 +48,7 @@ impl KernelId {
             KernelId::W4a16PrefillDirectAvx2 => "w4a16-prefill-direct-avx2",
             KernelId::W4a16PrefillHalvesAvx2 => "w4a16-prefill-halves-avx2",
             KernelId::W4a16PrefillPortable => "w4a16-prefill-portable",
+            KernelId::W4a16PrefillAmxBf16 => "w4a16-prefill-amx-bf16",
             KernelId::Wna16Portable => "wna16-portable",
             KernelId::DenseBf16GemvAvx2 => "dense-bf16-gemv-avx2",
             KernelId::DenseBf16GemmAvx2 => "dense-bf16-gemm-avx2",

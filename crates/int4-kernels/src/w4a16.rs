@@ -25,9 +25,10 @@ use rayon::prelude::*;
 use crate::bytes::SharedBytes;
 use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::gemm::{self, Engine};
-use crate::isa::{Avx2Fma, IsaCaps, IsaLevel};
+use crate::isa::{AmxBf16, Avx2Fma, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::portable;
+use crate::w4a8::tile::{TileConfig, TileError, TileUnit};
 
 /// The row count at and above which [`W4A16Linear`] takes the prefill kernel, unless configured otherwise.
 ///
@@ -323,6 +324,8 @@ pub struct W4A16Linear {
     bias: Option<Vec<f32>>,
     config: W4A16Config,
     engine: Engine,
+    /// AMX-BF16 tiles for the direct prefill, where the CPU has them (decode stays on `engine`).
+    amx: Option<AmxBf16>,
 }
 
 impl W4A16Linear {
@@ -339,7 +342,9 @@ impl W4A16Linear {
         caps: &IsaCaps,
     ) -> Result<Self, KernelError> {
         let engine = Avx2Fma::with_caps(caps).map_or(Engine::Portable, Engine::Avx2);
-        Self::build(weights, bias, config, engine)
+        let mut layer = Self::build(weights, bias, config, engine)?;
+        layer.amx = AmxBf16::with_caps(caps);
+        Ok(layer)
     }
 
     /// Builds the layer on the kernels of exactly `level`, or fails with a clear error naming what is
@@ -359,11 +364,20 @@ impl W4A16Linear {
                     missing: "AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
                 }))?)
             }
-            IsaLevel::Avx512 | IsaLevel::Amx => {
+            IsaLevel::Avx512 => {
                 return Err(KernelError::new(KernelErrorKind::Unavailable {
                     kernel: "w4a16-avx512",
-                    missing: "this build has no AVX-512 or AMX W4A16 kernels yet",
+                    missing: "this build has no AVX-512 W4A16 kernels yet",
                 }));
+            }
+            IsaLevel::Amx => {
+                let tok = AmxBf16::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
+                    kernel: "w4a16-prefill-amx-bf16",
+                    missing: "AMX-BF16 usable in this process (CPUID AMX-TILE/AMX-BF16, XCR0 tile state, Linux's tile permission) and AVX2 + FMA",
+                }))?;
+                let mut layer = Self::build(weights, bias, config, Engine::Avx2(tok.avx2()))?;
+                layer.amx = Some(tok);
+                return Ok(layer);
             }
         };
         Self::build(weights, bias, config, engine)
@@ -384,7 +398,7 @@ impl W4A16Linear {
                     .into(),
             )));
         }
-        Ok(W4A16Linear { weights, bias, config, engine })
+        Ok(W4A16Linear { weights, bias, config, engine, amx: None })
     }
 
     /// The weights.
@@ -399,6 +413,9 @@ impl W4A16Linear {
 
     /// The kernel `forward` runs for `m` rows.
     pub fn kernel_for(&self, m: usize) -> KernelId {
+        if m >= self.config.dequant_threshold && self.config.direct_dequant && self.amx.is_some() {
+            return KernelId::W4a16PrefillAmxBf16;
+        }
         match (m >= self.config.dequant_threshold, self.engine, self.config.direct_dequant) {
             (false, Engine::Avx2(_), _) => KernelId::W4a16DecodeAvx2,
             (false, Engine::Portable, _) => KernelId::W4a16DecodePortable,
@@ -463,6 +480,10 @@ impl W4A16Linear {
         if m == 0 {
             return Ok(());
         }
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(tok), true) = (self.amx, self.config.direct_dequant) {
+            return self.prefill_tiles(&|| crate::w4a8::amx::AmxTiles::for_bf16(tok), x, m, out);
+        }
         let g_len = w.group.len(k);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
         let engine = self.engine;
@@ -486,6 +507,111 @@ impl W4A16Linear {
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
         Ok(())
     }
+}
+
+impl W4A16Linear {
+    /// The prefill on bf16 tiles (`TDPBF16PS`), over any tile unit: `new_unit` makes one per task (the
+    /// hardware unit on an AMX-BF16 host, the emulator in tests). Per lane group of 16 channels, the
+    /// weights are dequantized straight from the packed layout (as the FMA prefill does), rounded to bf16
+    /// and laid out as B tiles in VNNI pairs (`[K/2][16 × 2]`); the activations are rounded to bf16 once.
+    /// Then per 16 rows, one f32 accumulator tile sums every 32-channel K block. Each task loads its own
+    /// tile configuration and releases the tiles on every exit path.
+    ///
+    /// Arithmetic: weights and activations rounded to bf16 (`Budget` with both roundings), products and
+    /// sums in f32 in the instruction's order, denormals flushed. Hardware equality with the emulator is
+    /// not verified (no AMX host yet), so tests hold it to the error budget, not to bits.
+    pub fn prefill_tiles<T: TileUnit>(
+        &self,
+        new_unit: &(dyn Fn() -> T + Sync),
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let w = &self.weights;
+        let (n, k) = (w.n, w.k);
+        check_len("activations", m * k, x.len())?;
+        check_len("output", m * n, out.len())?;
+        if m == 0 {
+            return Ok(());
+        }
+        let g_len = w.group.len(k);
+        let kp = k.next_multiple_of(32);
+        // Activations as bf16 bytes, [m][kp], zero padded.
+        let mut xb = vec![0u8; m * kp * 2];
+        for (row, dst) in x.chunks_exact(k).zip(xb.chunks_exact_mut(kp * 2)) {
+            for (v, d) in row.iter().zip(dst.chunks_exact_mut(2)) {
+                d.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
+            }
+        }
+        let engine = self.engine;
+        let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
+        tiles
+            .par_chunks_mut(m * 16)
+            .enumerate()
+            .try_for_each(|(lg, tile)| {
+                let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
+                let mut panel = vec![0.0f32; k * 16];
+                match engine {
+                    Engine::Avx2(tok) => dequant_panel_avx2(tok, lb, stride, sz, 0, k, g_len, &mut panel),
+                    Engine::Portable => portable::dequant_panel(lb, stride, sz, 0, k, g_len, &mut panel),
+                }
+                // B tiles: row p holds K pair (2p, 2p + 1); channel c's pair at bytes 4c..4c + 4.
+                let mut b = vec![0u8; kp / 2 * 64];
+                for (kk, vals) in panel.chunks_exact(16).enumerate() {
+                    for (c, v) in vals.iter().enumerate() {
+                        let at = (kk / 2) * 64 + 4 * c + 2 * (kk % 2);
+                        b[at..at + 2].copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
+                    }
+                }
+                let mut unit = new_unit();
+                let result = prefill_block_tiles(&mut unit, &xb, m, kp, &b, tile);
+                unit.release();
+                result
+            })
+            .map_err(|e: TileError| KernelError::new(KernelErrorKind::Layout(format!("tile unit: {e}"))))?;
+        let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
+        gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+        Ok(())
+    }
+}
+
+/// One lane group on bf16 tiles: tile 0 accumulates `rows × 16` f32, tile 4 holds `rows × 32` bf16
+/// activations, tile 6 sixteen K pairs × 16 channels of weights.
+fn prefill_block_tiles<T: TileUnit>(
+    unit: &mut T,
+    xb: &[u8],
+    m: usize,
+    kp: usize,
+    b: &[u8],
+    tile: &mut [f32],
+) -> Result<(), TileError> {
+    let (c, ta, tb) = (0, 4, 6);
+    let mut acc = [0u8; 16 * 64];
+    let mut loaded_rows = 0;
+    let mut m0 = 0;
+    while m0 < m {
+        let mr = 16.min(m - m0);
+        if mr != loaded_rows {
+            unit.load_config(
+                &TileConfig::new().with_tile(c, mr as u8, 64).with_tile(ta, mr as u8, 64).with_tile(tb, 16, 64),
+            )?;
+            loaded_rows = mr;
+        }
+        unit.zero(c)?;
+        for k0 in (0..kp).step_by(32) {
+            unit.load(ta, &xb[(m0 * kp + k0) * 2..], kp * 2)?;
+            unit.load(tb, &b[k0 / 2 * 64..(k0 / 2 + 16) * 64], 64)?;
+            unit.dpbf16ps(c, ta, tb)?;
+        }
+        unit.store(c, &mut acc, 64)?;
+        for r in 0..mr {
+            for (j, v) in tile[(m0 + r) * 16..(m0 + r + 1) * 16].iter_mut().enumerate() {
+                *v = f32::from_le_bytes(acc[r * 64 + 4 * j..r * 64 + 4 * j + 4].try_into().expect("4 bytes"));
+            }
+        }
+        m0 += mr;
+    }
+    Ok(())
 }
 
 /// The `direct_dequant: false` panel producer: reads each lane's channel row from the split-halves planes.

@@ -300,6 +300,33 @@ fn tile_dot_products_follow_their_definitions_and_wrap() {
     }
 }
 
+/// The emulator's TDPBF16PS against Intel's definition: pairs of bf16 products added to the f32
+/// accumulator in order, each sum rounded to f32, a denormal bf16 input read as zero.
+#[test]
+fn tile_bf16_dot_product_follows_its_definition() {
+    let bf = |v: f32| half::bf16::from_f32(v).to_bits().to_le_bytes();
+    let denormal = half::bf16::from_bits(0x0001); // the smallest positive bf16 denormal
+    // A: 1 row of 4 bf16 (two K pairs); B: 2 rows (K pairs) × 2 columns of pairs.
+    let a: Vec<u8> = [bf(1.5), bf(-2.0), bf(3.0), denormal.to_bits().to_le_bytes()].concat();
+    let b: Vec<u8> = [bf(0.25), bf(4.0), bf(1.0), bf(-1.0), bf(0.5), bf(1e30), bf(2.0), bf(8.0)].concat();
+    let start: Vec<u8> = [1.0f32, 1e-3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut t = TileEmulator::new();
+    t.load_config(&TileConfig::new().with_tile(0, 1, 8).with_tile(1, 1, 8).with_tile(2, 2, 8)).unwrap();
+    t.load(0, &start, 8).unwrap();
+    t.load(1, &a, 8).unwrap();
+    t.load(2, &b, 8).unwrap();
+    t.dpbf16ps(0, 1, 2).unwrap();
+    let mut out = [0u8; 8];
+    t.store(0, &mut out, 8).unwrap();
+    let got: Vec<f32> = out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    // Column 0: 1 + 1.5·0.25 + (−2)·4 + 3·0.5 + denormal·1e30 (read as 0).
+    let c0 = (((1.0f32 + 1.5 * 0.25) + -2.0 * 4.0) + 3.0 * 0.5) + 0.0;
+    // Column 1: 1e-3 + 1.5·1 + (−2)·(−1) + 3·2 + denormal·8 (read as 0).
+    let c1 = (((1e-3f32 + 1.5) + 2.0) + 6.0) + 0.0;
+    assert_eq!(got, vec![c0, c1]);
+    assert_ne!(denormal.to_f32() * 1e30, 0.0, "the denormal is not zero unless flushed");
+}
+
 /// Fidelity: W4A8 against the product of the same 4-bit weights with the unquantized activations (f64),
 /// i.e. the cost of int8 activations alone, as SNR. Gaussian activations give about 42 dB (a uniform
 /// 255-level grid over ±3.5σ); one outlier at 20σ per 97 values stretches the per-token scale and costs

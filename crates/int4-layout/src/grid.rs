@@ -183,14 +183,7 @@ pub fn quantize_symmetric(
             for &f in factors {
                 let scale = precision.round(base * f);
                 let trial = &mut trial[..ws.len()];
-                let e = encode_float_zero(
-                    ws,
-                    scale,
-                    0.0,
-                    |x| round_even(x / scale) + 8.0,
-                    trial,
-                    factors.len() > 1,
-                );
+                let e = encode_float_zero(ws, scale, 0.0, |x| round_even(x / scale) + 8.0, trial, factors.len() > 1);
                 if e < best.0 {
                     best = (e, scale);
                     out.copy_from_slice(trial);

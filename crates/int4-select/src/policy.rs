@@ -13,8 +13,9 @@
 //! 6. `w4a16-avx2` — AVX2 + FMA: decode GEMV and dequantizing FMA prefill.
 //! 7. `wna16-portable` — anything, including other architectures.
 //!
-//! Rungs 2 and 4 (the AVX-512 and AMX-BF16 W4A16 kernels) have no kernels in this build yet; they are kept
-//! in the ladder so the plan says so instead of pretending they do not exist. W4A8 needs integer zero
+//! Rung 4 (the AVX-512 W4A16 kernels) has no kernels in this build yet; it is kept in the ladder so the
+//! plan says so instead of pretending it does not exist. Rung 2 decodes with the AVX2 kernel and prefills
+//! on AMX-BF16 tiles (`direct_dequant: false` keeps the AVX2 split-halves prefill). W4A8 needs integer zero
 //! points: a `cpu_int4` checkpoint (float zeros) stays W4A16. An unquantized checkpoint takes W4A8 only when
 //! the path is forced, and is then quantized at load to integer zero points, as an asymmetric GPTQ
 //! checkpoint would be.
@@ -254,7 +255,7 @@ const LADDER: [Rung; 7] = [
         name: "w4a16-amx-bf16",
         check: |s, _, _| amx_reason(s, false),
         level: IsaLevel::Amx,
-        kernels: None,
+        kernels: Some((KernelId::W4a16DecodeAvx2, KernelId::W4a16PrefillAmxBf16, PackedLayout::Tinygemm32)),
         is_w4a8: false,
     },
     Rung {

@@ -17,7 +17,7 @@
 use std::marker::PhantomData;
 
 use super::tile::{TileConfig, TileError, TileShapes, TileUnit};
-use crate::isa::AmxInt8;
+use crate::isa::{AmxBf16, AmxInt8};
 
 /// Whether AMX-INT8 can execute in this process, checked once on the live CPU and cached:
 ///
@@ -28,20 +28,27 @@ use crate::isa::AmxInt8;
 /// * Linux granted `ARCH_REQ_XCOMP_PERM` for XTILEDATA (requested here, once per process).
 pub fn amx_int8_usable() -> bool {
     static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *USABLE.get_or_init(probe)
+    *USABLE.get_or_init(|| probe(25))
 }
 
+/// As [`amx_int8_usable`], for AMX-BF16 (CPUID.(EAX=7,ECX=0):EDX bit 22) instead of AMX-INT8.
+pub fn amx_bf16_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| probe(22))
+}
+
+/// The checks of [`amx_int8_usable`], with the dot-product feature at `dot_bit` of CPUID leaf 7's EDX.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn probe() -> bool {
+fn probe(dot_bit: u32) -> bool {
     use std::arch::x86_64::__cpuid_count;
     let max_leaf = __cpuid_count(0, 0).eax;
     if max_leaf < 0x1E {
         return false;
     }
     let leaf7 = __cpuid_count(7, 0);
-    let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
+    let (tile, dot) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> dot_bit & 1 == 1);
     let osxsave = __cpuid_count(1, 0).ecx >> 27 & 1 == 1;
-    if !(tile && int8 && osxsave) {
+    if !(tile && dot && osxsave) {
         return false;
     }
     // SAFETY: CPUID.1:ECX.OSXSAVE is set (checked just above on the live CPU), the condition under which
@@ -66,7 +73,7 @@ fn probe() -> bool {
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn probe() -> bool {
+fn probe(_dot_bit: u32) -> bool {
     false
 }
 
@@ -83,15 +90,30 @@ unsafe fn read_xcr0() -> u64 {
 #[derive(Debug)]
 pub struct AmxTiles {
     shapes: TileShapes,
-    _token: AmxInt8,
+    /// Which dot products the token proved: AMX-INT8, AMX-BF16.
+    int8: bool,
+    bf16: bool,
     /// Tile state belongs to one thread.
     _thread_bound: PhantomData<*const ()>,
 }
 
 impl AmxTiles {
-    /// An unconfigured unit on the calling thread.
-    pub fn new(token: AmxInt8) -> Self {
-        AmxTiles { shapes: TileShapes::default(), _token: token, _thread_bound: PhantomData }
+    /// An unconfigured unit on the calling thread, for the integer dot products.
+    pub fn new(_token: AmxInt8) -> Self {
+        AmxTiles { shapes: TileShapes::default(), int8: true, bf16: false, _thread_bound: PhantomData }
+    }
+
+    /// An unconfigured unit on the calling thread, for `TDPBF16PS`.
+    pub fn for_bf16(_token: AmxBf16) -> Self {
+        AmxTiles { shapes: TileShapes::default(), int8: false, bf16: true, _thread_bound: PhantomData }
+    }
+
+    fn needs(&self, ok: bool, what: &str) -> Result<(), TileError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(TileError::ShapeMismatch(format!("{what} needs a unit built from its own AMX token")))
+        }
     }
 }
 
@@ -157,13 +179,21 @@ impl TileUnit for AmxTiles {
     }
 
     fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.needs(self.int8, "TDPBUSD")?;
         self.shapes.check_dot(dst, a, b)?;
         dot_roles("tdpbusd", dst, a, b)
     }
 
     fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.needs(self.int8, "TDPBSUD")?;
         self.shapes.check_dot(dst, a, b)?;
         dot_roles("tdpbsud", dst, a, b)
+    }
+
+    fn dpbf16ps(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.needs(self.bf16, "TDPBF16PS")?;
+        self.shapes.check_dot(dst, a, b)?;
+        dot_roles("tdpbf16ps", dst, a, b)
     }
 
     fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError> {
@@ -206,6 +236,10 @@ fn dot_roles(op: &'static str, dst: usize, a: usize, b: usize) -> Result<(), Til
                     ("tdpbsud", $d, $a, $b) => {
                         // SAFETY: as for tdpbusd above.
                         unsafe { std::arch::asm!(concat!("tdpbsud tmm", $d, ", tmm", $a, ", tmm", $b), options(nostack, nomem)) }
+                    }
+                    ("tdpbf16ps", $d, $a, $b) => {
+                        // SAFETY: as for tdpbusd above; the unit was built from an AMX-BF16 token.
+                        unsafe { std::arch::asm!(concat!("tdpbf16ps tmm", $d, ", tmm", $a, ", tmm", $b), options(nostack, nomem)) }
                     }
                 )*
                 _ => {

@@ -122,6 +122,10 @@ pub trait TileUnit {
     /// `TDPBSUD dst, a, b`: `dst.i32[m][n] += Σ_{k, i<4} s8(a[m][4k+i])·u8(b[k][4n+i])`, wrapping. The W4A8
     /// kernel's instruction: signed int8 activations in A, unsigned 4-bit codes in B.
     fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError>;
+    /// `TDPBF16PS dst, a, b`: `dst.f32[m][n] += a.bf16[m][2k]·b.bf16[k][2n] + a.bf16[m][2k+1]·b.bf16[k][2n+1]`
+    /// for each `k` in order, every product and sum rounded to f32 (nearest even), with bf16 inputs and f32
+    /// results that are denormal treated as zero (DAZ/FTZ), as Intel documents the instruction.
+    fn dpbf16ps(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError>;
     /// `TILESTORED [base + row·stride], t`.
     fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError>;
     /// `TILERELEASE`: back to the unconfigured state.
@@ -263,6 +267,30 @@ impl TileUnit for TileEmulator {
 
     fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
         self.dot(dst, a, b, true)
+    }
+
+    fn dpbf16ps(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        let (dr, dc, br) = self.cfg.check_dot(dst, a, b)?;
+        let (ta, tb) = (self.tiles[a], self.tiles[b]);
+        let td = &mut self.tiles[dst];
+        let ftz = |v: f32| if v.is_subnormal() { 0.0f32.copysign(v) } else { v };
+        let bf16 = |t: &[u8], at: usize| ftz(f32::from_bits(u32::from(u16::from_le_bytes([t[at], t[at + 1]])) << 16));
+        for m in 0..dr {
+            for n in 0..dc / 4 {
+                let o = m * MAX_COLSB + 4 * n;
+                let mut acc = f32::from_le_bytes(td[o..o + 4].try_into().expect("4 bytes"));
+                for k in 0..br {
+                    for i in 0..2 {
+                        let x = bf16(&ta, m * MAX_COLSB + 4 * k + 2 * i);
+                        let w = bf16(&tb, k * MAX_COLSB + 4 * n + 2 * i);
+                        // The product of two bf16 values is exact in f32 unless it under- or overflows.
+                        acc = ftz(acc + ftz(x * w));
+                    }
+                }
+                td[o..o + 4].copy_from_slice(&acc.to_le_bytes());
+            }
+        }
+        Ok(())
     }
 
     fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError> {

@@ -48,6 +48,18 @@ pub fn runnable_variants(test: &str) -> Vec<Variant> {
     out
 }
 
+/// Reports a variant `test` could not run here: printed and recorded, or a failure under
+/// `INT4_TEST_EVERYTHING=1`.
+pub fn report_skip(test: &str, variant: &str) {
+    let msg = format!("{test}: SKIPPED variant {variant} (this CPU or process lacks it)");
+    assert!(
+        !std::env::var("INT4_TEST_EVERYTHING").is_ok_and(|v| v == "1"),
+        "{msg}, and INT4_TEST_EVERYTHING=1 forbids skips"
+    );
+    eprintln!("{msg}");
+    record_skip(&msg);
+}
+
 /// Appends a skip to `target/tmp/int4-test-skips.txt`, which `cargo xtask ci` prints after the tests
 /// (the test harness hides a passing test's output, and a skip must not go unheard).
 pub fn record_skip(msg: &str) {
