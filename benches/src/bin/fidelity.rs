@@ -15,7 +15,7 @@
 //! `fidelity [--model DIR] [--json FILE] [--quick]` (`--quick`: 4 prompts, 16 tokens).
 
 use int4::engine::{Engine, LoadOptions, RunPath};
-use int4::sampling::argmax;
+use int4::sampling::{argmax, top2_gap};
 use int4::text::Message;
 use int4_layout::GroupSize;
 use serde_json::json;
@@ -97,19 +97,6 @@ fn log_softmax(l: &[f32]) -> Vec<f64> {
     let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
     let z = l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
     l.iter().map(|&v| v as f64 - z).collect()
-}
-
-fn top2_gap(l: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in l {
-        if v > a {
-            b = a;
-            a = v;
-        } else if v > b {
-            b = v;
-        }
-    }
-    a - b
 }
 
 fn main() {
