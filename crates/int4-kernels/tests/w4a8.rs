@@ -94,6 +94,31 @@ fn every_kernel_is_bit_exact_against_the_reference() {
                     group.len(k),
                     b,
                 );
+                // The f32 epilogue against the same integer sums in f64: per group the sum is exact in i32
+                // and f32 (|sum| < 2²⁴ here), then a product of scales and a fused multiply-add each round
+                // once, so the error stays within (2·groups + 1)·u_f32 of the magnitudes added.
+                let groups = group.groups(k);
+                let g_len = group.len(k);
+                for (i, &got) in want.iter().enumerate() {
+                    let (r, c) = (i / n, i % n);
+                    let (mut exact, mut mag) =
+                        (b.map_or(0.0, |b| f64::from(b[c])), b.map_or(0.0, |b| f64::from(b[c]).abs()));
+                    for g in 0..groups {
+                        let z = i64::from(zps.as_ref().map_or(8, |z| z[g * n + c]));
+                        let sum: i64 = (g * g_len..((g + 1) * g_len).min(k))
+                            .map(|kk| i64::from(a.data[r * a.k_padded + kk]) * (i64::from(codes.get(c, kk)) - z))
+                            .sum();
+                        assert!(sum.abs() < 1 << 24, "a group sum this large would round in f32");
+                        let term = sum as f64 * f64::from(a.scales[r]) * f64::from(scales[g * n + c]);
+                        exact += term;
+                        mag += term.abs();
+                    }
+                    let budget = (2 * groups + 1) as f64 * int4_kernels::budget::U_F32 * mag;
+                    assert!(
+                        (f64::from(got) - exact).abs() <= budget,
+                        "N={n} K={k} {group:?} M={m} output {i}: {got} vs {exact} (budget {budget:e})"
+                    );
+                }
                 let check = |what: &str, out: &[f32]| {
                     assert!(
                         out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
