@@ -437,6 +437,12 @@ impl Model {
         caches: &mut [&mut KvCache],
         out_rows: &[usize],
     ) -> Result<Vec<f32>> {
+        // The whole step runs on a pool worker: every layer's parallel loop then starts from inside the
+        // pool (work-stealing, no sleep) instead of handing work from an outside thread and sleeping until
+        // it is done, once per linear layer (about 200 times per token).
+        if rayon::current_thread_index().is_none() {
+            return rayon::scope(|_| self.forward_rows(tokens, seq, caches, out_rows));
+        }
         let cfg = &self.cfg;
         let m = tokens.len();
         if m == 0 {
