@@ -189,9 +189,10 @@ fn report_skips(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The benchmarks: the kernel table (W4A16 and dense kernels beside the machine's measured bandwidth and
-/// FMA ceilings), tokens per second on the default model per path, and its load time and memory cold,
-/// warm and uncached, written to `target/bench/*.json` as well as printed.
+/// The benchmarks: the kernel table (W4A16, W4A8 and dense kernels beside the machine's measured
+/// bandwidth and FMA ceilings), tokens per second on the default model per path, its load time and memory
+/// cold, warm and uncached, and (full run only) each path's fidelity against the f32 path, written to
+/// `target/bench/*.json` as well as printed.
 fn bench(quick: bool) -> Result<()> {
     let mut args = vec!["run", "--release", "-p", "int4-benches", "--bin", "kernel-table", "--"];
     if quick {
@@ -210,7 +211,13 @@ fn bench(quick: bool) -> Result<()> {
     // Load time and memory through the artifact cache: cold, warm and uncached, each in a fresh process.
     let rounds = if quick { "1" } else { "3" };
     let args = ["run", "--release", "-p", "int4-benches", "--bin", "load-bench", "--", "--rounds", rounds];
-    run("cargo", &[&args[..], &["--json", "target/bench/load.json"]].concat(), &[])
+    run("cargo", &[&args[..], &["--json", "target/bench/load.json"]].concat(), &[])?;
+    // Fidelity of every path against the f32 path on the 12 prompts (the full run only: it takes minutes).
+    if !quick {
+        let args = ["run", "--release", "-p", "int4-benches", "--bin", "fidelity", "--"];
+        run("cargo", &[&args[..], &["--json", "target/bench/fidelity.json"]].concat(), &[])?;
+    }
+    Ok(())
 }
 
 fn run(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
