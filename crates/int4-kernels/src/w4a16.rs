@@ -436,13 +436,18 @@ impl W4A16Linear {
         if m < self.config.dequant_threshold { self.decode(x, m, out) } else { self.prefill(x, m, out) }
     }
 
+    /// Checks the operands' lengths for `m` rows; `false` when there are no rows to compute.
+    fn has_rows(&self, x: &[f32], m: usize, out: &[f32]) -> Result<bool, KernelError> {
+        check_len("activations", m * self.weights.k, x.len())?;
+        check_len("output", m * self.weights.n, out.len())?;
+        Ok(m > 0)
+    }
+
     /// Runs the decode kernel for any `m` (the threshold is not consulted).
     pub fn decode(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
         let w = &self.weights;
         let (n, k) = (w.n, w.k);
-        check_len("activations", m * k, x.len())?;
-        check_len("output", m * n, out.len())?;
-        if m == 0 {
+        if !self.has_rows(x, m, out)? {
             return Ok(());
         }
         let g_len = w.group.len(k);
@@ -475,9 +480,7 @@ impl W4A16Linear {
     pub fn prefill(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
         let w = &self.weights;
         let (n, k) = (w.n, w.k);
-        check_len("activations", m * k, x.len())?;
-        check_len("output", m * n, out.len())?;
-        if m == 0 {
+        if !self.has_rows(x, m, out)? {
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
@@ -529,9 +532,7 @@ impl W4A16Linear {
     ) -> Result<(), KernelError> {
         let w = &self.weights;
         let (n, k) = (w.n, w.k);
-        check_len("activations", m * k, x.len())?;
-        check_len("output", m * n, out.len())?;
-        if m == 0 {
+        if !self.has_rows(x, m, out)? {
             return Ok(());
         }
         let g_len = w.group.len(k);
