@@ -103,3 +103,21 @@ impl PeakRssAnon {
         self.handle.join().unwrap_or(0)
     }
 }
+
+/// The model directory a benchmark binary runs on: `--model DIR`, else the default model that
+/// `cargo xtask fetch-model` prepares. Exits with a message naming `tool` when it holds no model.
+pub fn model_dir_arg(args: &[String], tool: &str) -> std::path::PathBuf {
+    let given = args.iter().position(|a| a == "--model").and_then(|i| args.get(i + 1));
+    let dir = given.map(std::path::PathBuf::from).or_else(int4::convert::default_model_dir);
+    match dir {
+        Some(d) if d.join("config.json").exists() => d,
+        Some(d) => {
+            eprintln!("{tool}: no model at {} (run `cargo xtask fetch-model`)", d.display());
+            std::process::exit(1);
+        }
+        None => {
+            eprintln!("{tool}: no model directory: pass --model DIR, or set INT4_MODEL_DIR or HOME");
+            std::process::exit(1);
+        }
+    }
+}

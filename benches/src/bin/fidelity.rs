@@ -103,8 +103,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let dir =
-        arg("--model").map(std::path::PathBuf::from).or_else(int4::convert::default_model_dir).expect("a model dir");
+    let dir = int4_benches::model_dir_arg(&args, "fidelity");
     let new_tokens = if quick { 16 } else { 64 };
     let load = |path: RunPath, group: GroupSize| {
         let opts = LoadOptions { path, group_size: group, context: 4096, ..LoadOptions::default() };

@@ -26,12 +26,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let dir =
-        arg("--model").map(std::path::PathBuf::from).or_else(int4::convert::default_model_dir).expect("a model dir");
-    if !dir.join("config.json").exists() {
-        eprintln!("model-bench: no model at {} (run `cargo xtask fetch-model`)", dir.display());
-        std::process::exit(1);
-    }
+    let dir = int4_benches::model_dir_arg(&args, "model-bench");
     let (pp, tg, reps) = if quick { (64, 16, 2) } else { (512, 128, 3) };
     let paths = [("w4a16", RunPath::W4a16), ("w4a8", RunPath::W4a8), ("bf16", RunPath::Bf16), ("f32", RunPath::F32)];
     eprintln!(
