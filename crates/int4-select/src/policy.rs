@@ -174,6 +174,10 @@ struct Rung {
     /// `None` when this build has no kernels for the rung.
     kernels: Option<(KernelId, KernelId, PackedLayout)>,
     is_w4a8: bool,
+    /// Taken only when its path is forced: the portable kernels of a SIMD layout, so `--path w4a16|w4a8`
+    /// still runs its numerics (slowly, bit-identical for W4A8) on a CPU or under a cap without AVX2,
+    /// while the automatic choice falls back to `wna16-portable`.
+    forced_only: bool,
 }
 
 fn amx_reason(s: &CpuSnapshot, need_int8: bool) -> Result<(), String> {
@@ -239,7 +243,7 @@ fn avx2_reason(s: &CpuSnapshot) -> Result<(), String> {
     if !s.os.avx_state { Err("AVX present but the OS has not enabled its state in XCR0".into()) } else { Ok(()) }
 }
 
-const LADDER: [Rung; 7] = [
+const LADDER: [Rung; 9] = [
     Rung {
         name: "w4a8-amx",
         check: |s, k, p| {
@@ -250,6 +254,7 @@ const LADDER: [Rung; 7] = [
         level: IsaLevel::Amx,
         kernels: Some((KernelId::W4a8Vnni, KernelId::W4a8Amx, PackedLayout::W4a8Vnni)),
         is_w4a8: true,
+        forced_only: false,
     },
     Rung {
         name: "w4a16-amx-bf16",
@@ -257,6 +262,7 @@ const LADDER: [Rung; 7] = [
         level: IsaLevel::Amx,
         kernels: Some((KernelId::W4a16DecodeAvx2, KernelId::W4a16PrefillAmxBf16, PackedLayout::Tinygemm32)),
         is_w4a8: false,
+        forced_only: false,
     },
     Rung {
         name: "w4a8-vnni",
@@ -268,6 +274,7 @@ const LADDER: [Rung; 7] = [
         level: IsaLevel::Avx512,
         kernels: Some((KernelId::W4a8Vnni, KernelId::W4a8Vnni, PackedLayout::W4a8Vnni)),
         is_w4a8: true,
+        forced_only: false,
     },
     Rung {
         name: "w4a16-avx512",
@@ -278,6 +285,7 @@ const LADDER: [Rung; 7] = [
         level: IsaLevel::Avx512,
         kernels: None,
         is_w4a8: false,
+        forced_only: false,
     },
     Rung {
         name: "w4a8-avx2",
@@ -288,6 +296,7 @@ const LADDER: [Rung; 7] = [
         level: IsaLevel::Avx2,
         kernels: Some((KernelId::W4a8Avx2, KernelId::W4a8Avx2, PackedLayout::W4a8Vnni)),
         is_w4a8: true,
+        forced_only: false,
     },
     Rung {
         name: "w4a16-avx2",
@@ -295,6 +304,23 @@ const LADDER: [Rung; 7] = [
         level: IsaLevel::Avx2,
         kernels: Some((KernelId::W4a16DecodeAvx2, KernelId::W4a16PrefillDirectAvx2, PackedLayout::Tinygemm32)),
         is_w4a8: false,
+        forced_only: false,
+    },
+    Rung {
+        name: "w4a8-portable",
+        check: |_, k, p| w4a8_gate(k, p),
+        level: IsaLevel::Portable,
+        kernels: Some((KernelId::W4a8Portable, KernelId::W4a8Portable, PackedLayout::W4a8Vnni)),
+        is_w4a8: true,
+        forced_only: true,
+    },
+    Rung {
+        name: "w4a16-portable",
+        check: |_, _, _| Ok(()),
+        level: IsaLevel::Portable,
+        kernels: Some((KernelId::W4a16DecodePortable, KernelId::W4a16PrefillPortable, PackedLayout::Tinygemm32)),
+        is_w4a8: false,
+        forced_only: true,
     },
     Rung {
         name: "wna16-portable",
@@ -302,6 +328,7 @@ const LADDER: [Rung; 7] = [
         level: IsaLevel::Portable,
         kernels: Some((KernelId::Wna16Portable, KernelId::Wna16Portable, PackedLayout::RowMajor)),
         is_w4a8: false,
+        forced_only: false,
     },
 ];
 
@@ -336,7 +363,7 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
             PathChoice::W4a8 => !rung.is_w4a8,
             PathChoice::W4a16 => rung.is_w4a8 || rung.name == "wna16-portable",
             PathChoice::Wna16 => rung.name != "wna16-portable",
-            _ => false,
+            _ => rung.forced_only,
         };
         if forced_out {
             continue;
@@ -364,10 +391,10 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
                     path: rung.name.into(),
                     decode: KernelPlan { kernel: decode.name().into(), isa: rung.level },
                     prefill: KernelPlan {
-                        kernel: if direct || rung.is_w4a8 || prefill == KernelId::Wna16Portable {
-                            prefill.name().into()
-                        } else {
+                        kernel: if !direct && prefill == KernelId::W4a16PrefillDirectAvx2 {
                             KernelId::W4a16PrefillHalvesAvx2.name().into()
+                        } else {
+                            prefill.name().into()
                         },
                         isa: rung.level,
                     },

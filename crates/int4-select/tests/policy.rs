@@ -168,18 +168,31 @@ fn overrides_caps_and_forced_paths() {
     // ... but never a cpu_int4 checkpoint's float zeros.
     let e = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &w4a8).unwrap_err();
     assert!(e.missing.contains("float zeros"), "{e}");
-    // A forced path this CPU cannot run is an error naming what is missing.
+    // A forced path keeps its numerics where no SIMD rung of it runs: its portable kernels (never
+    // chosen automatically, which falls back to wna16), with every faster rung's reason reported.
     let sse = linux("sse_only");
-    let e = plan(&sse, CheckpointKind::GptqSym, Priority::Speed, &w4a8).unwrap_err();
-    assert!(e.to_string().contains("w4a8") && e.missing.contains("AMX") && e.missing.contains("AVX2"), "{e}");
-    let e = plan(
-        &sse,
-        CheckpointKind::CpuInt4,
-        Priority::Speed,
-        &Overrides { path: PathChoice::W4a16, ..Overrides::default() },
-    )
-    .unwrap_err();
-    assert!(e.missing.contains("AVX2"), "{e}");
+    let p = plan(&sse, CheckpointKind::GptqSym, Priority::Speed, &w4a8).unwrap();
+    assert_eq!(
+        (p.path.as_str(), p.decode.kernel.as_str(), p.layout),
+        ("w4a8-portable", "w4a8-portable", PackedLayout::W4a8Vnni)
+    );
+    assert!(p.rejected.iter().any(|r| r.path == "w4a8-avx2" && r.why.contains("AVX2")), "{:?}", p.rejected);
+    let w4a16 = Overrides { path: PathChoice::W4a16, ..Overrides::default() };
+    let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &w4a16).unwrap();
+    assert_eq!(
+        (p.path.as_str(), p.decode.kernel.as_str(), p.prefill.kernel.as_str(), p.layout),
+        ("w4a16-portable", "w4a16-decode-portable", "w4a16-prefill-portable", PackedLayout::Tinygemm32)
+    );
+    let p =
+        plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &Overrides { isa_cap: Some(IsaLevel::Portable), ..w4a16 })
+            .unwrap();
+    assert_eq!(p.path, "w4a16-portable");
+    assert!(p.rejected.iter().any(|r| r.path == "w4a16-avx2" && r.why.contains("INT4_ISA")));
+    let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
+    assert_eq!(p.path, "wna16-portable");
+    // A forced W4A8 on float zeros stays an error on every rung, the portable one included.
+    let e = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &w4a8).unwrap_err();
+    assert!(e.missing.contains("w4a8-portable: W4A8 needs integer zero points"), "{e}");
     let p = plan(
         &sse,
         CheckpointKind::Bf16,
