@@ -1,7 +1,63 @@
-//! Vector primitives the runtime's attention uses: a dot product and `y += a·x`, on AVX2 + FMA where the
-//! process may use it and in portable Rust otherwise.
+//! Vector primitives the runtime's forward pass uses outside the linear layers: a dot product, `y += a·x`,
+//! a vectorised `exp` and the softmax, SiLU·up, RMSNorm, and a small strided GEMM for attention blocks, on
+//! AVX2 + FMA where the process may use it and in portable Rust otherwise.
+//!
+//! **exp.** Both variants compute `exp(x)` the same way (Cephes' `expf`): `n = round(x·log₂e)`,
+//! `r = x − n·ln2` (ln 2 split into a 9-bit head, so `n·ln2_hi` is exact, and a tail), a degree-7
+//! polynomial for `eʳ` on `|r| ≤ ln2/2`, and `2ⁿ` built in the exponent field. The AVX2 variant fuses the
+//! multiply-adds, the portable one rounds each step; they are not bit-identical to each other, and each is
+//! held to [`EXP_MAX_REL_ERROR`] against f64 `exp`:
+//!
+//! * `x ∈ [EXP_MIN, EXP_MAX]`: relative error at most [`EXP_MAX_REL_ERROR`] (2 ulp; measured: 0.7 ulp),
+//!   except where the result falls below 2⁻¹²⁶ (`x < −87.34`), where the product with `2ⁿ` is subnormal and
+//!   the absolute error is at most 2⁻¹⁴⁹;
+//! * `x < EXP_MIN` (−87.34, where `eˣ < 2⁻¹²⁶`) and `x = −∞`: exactly `0` (absolute error below 2⁻¹²⁶);
+//! * `x > EXP_MAX` (127.5·ln 2 ≈ 88.38): `+∞` (the true value overflows f32 above 88.72);
+//! * NaN: NaN. No finite or infinite input gives NaN.
 
 use crate::isa::{Avx2Fma, IsaCaps};
+
+/// Below this, [`VectorOps::exp`] returns 0: `ln(2⁻¹²⁶)`, where `eˣ` leaves f32's normal range.
+pub const EXP_MIN: f32 = -87.336_54;
+/// Above this, [`VectorOps::exp`] returns `+∞`: 127.5·ln 2, so that `2ⁿ` stays a normal number.
+pub const EXP_MAX: f32 = 88.376_26;
+/// The largest relative error of [`VectorOps::exp`] against the exact value, for `x ∈ [EXP_MIN, EXP_MAX]`
+/// with a normal result: 2 ulp of f32 (2·2⁻²³). The tests measure 0.7 ulp (8.3·10⁻⁸) on both variants.
+pub const EXP_MAX_REL_ERROR: f64 = 2.0 / (1u64 << 23) as f64;
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// ln 2 = LN2_HI + LN2_LO; LN2_HI has 9 significant bits, so `n·LN2_HI` is exact for `|n| < 2¹⁵`.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Cephes' `expf` polynomial: `eʳ ≈ 1 + r + r²·(P5 + r·(P4 + r·(P3 + r·(P2 + r·(P1 + r·P0)))))`.
+const P0: f32 = 1.987_569_2e-4;
+const P1: f32 = 1.398_199_9e-3;
+const P2: f32 = 8.333_452e-3;
+const P3: f32 = 4.166_579_6e-2;
+const P4: f32 = 1.666_666_5e-1;
+const P5: f32 = 0.5; // Cephes writes 5.0000001e-1, which rounds to 0.5 in f32
+/// 1.5·2²³: adding and subtracting it rounds an f32 of magnitude below 2²² to the nearest integer (ties to
+/// even) without `roundss`, which the x86-64 baseline lacks.
+const ROUND: f32 = 12_582_912.0;
+
+/// `exp(x)` in portable Rust, to the bound in the module documentation.
+pub fn exp_portable(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x < EXP_MIN {
+        return 0.0;
+    }
+    if x > EXP_MAX {
+        return f32::INFINITY;
+    }
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5;
+    let e = p * (r * r) + r + 1.0;
+    // n ∈ [−126, 127]: the biased exponent is 1..=254, a normal power of two.
+    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
 
 /// A chosen implementation (picked once, then reused).
 #[derive(Clone, Copy, Debug)]
@@ -18,7 +74,17 @@ impl Default for VectorOps {
 impl VectorOps {
     /// The best implementation the process caps allow.
     pub fn new() -> Self {
-        VectorOps { tok: Avx2Fma::with_caps(IsaCaps::process()) }
+        VectorOps::with_caps(IsaCaps::process())
+    }
+
+    /// The best implementation `caps` allows (tests use it to run the portable variant on an AVX2 CPU).
+    pub fn with_caps(caps: &IsaCaps) -> Self {
+        VectorOps { tok: Avx2Fma::with_caps(caps) }
+    }
+
+    /// Whether the AVX2 + FMA variant runs.
+    pub fn is_avx2(&self) -> bool {
+        self.tok.is_some()
     }
 
     /// `Σ a[i]·b[i]` (panics if the lengths differ).
@@ -60,11 +126,440 @@ impl VectorOps {
             }
         }
     }
+
+    /// `x[i] = exp(x[i])`, to the bound in the module documentation.
+    pub fn exp(&self, x: &mut [f32]) {
+        match self.tok {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX2 and FMA; `x` holds `x.len()` floats.
+            Some(_) => unsafe { avx2::exp_inplace(x.as_mut_ptr(), x.len()) },
+            _ => x.iter_mut().for_each(|v| *v = exp_portable(*v)),
+        }
+    }
+
+    /// The largest element (`−∞` for an empty slice; NaNs are ignored unless all are NaN).
+    pub fn max(&self, x: &[f32]) -> f32 {
+        match self.tok {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX2; `x` holds `x.len()` floats.
+            Some(_) => unsafe { avx2::max(x.as_ptr(), x.len()) },
+            _ => {
+                let mut acc = [f32::NEG_INFINITY; 8];
+                let mut chunks = x.chunks_exact(8);
+                for c in &mut chunks {
+                    for j in 0..8 {
+                        acc[j] = acc[j].max(c[j]);
+                    }
+                }
+                chunks.remainder().iter().fold(acc.iter().copied().fold(f32::NEG_INFINITY, f32::max), |a, &b| a.max(b))
+            }
+        }
+    }
+
+    /// The softmax numerator: `x[i] = exp((x[i] − max)·scale)`, returning `Σ x[i]` (f32, summed in eight
+    /// lanes). With `max` the slice's largest element and `scale > 0` every argument is `≤ 0`, so nothing
+    /// overflows and the largest term is 1; a `−∞` element (a masked score) becomes 0.
+    pub fn softmax_exp(&self, x: &mut [f32], max: f32, scale: f32) -> f32 {
+        match self.tok {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX2 and FMA; `x` holds `x.len()` floats.
+            Some(_) => unsafe { avx2::softmax_exp(x.as_mut_ptr(), x.len(), max, scale) },
+            _ => {
+                let mut acc = [0.0f32; 8];
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v = exp_portable((*v - max) * scale);
+                    acc[i % 8] += *v;
+                }
+                acc.iter().sum()
+            }
+        }
+    }
+
+    /// `out[i] = gate[i] / (1 + exp(−gate[i])) · up[i]`: SiLU of the gate times the up projection (panics
+    /// if the lengths differ).
+    pub fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        assert!(gate.len() == up.len() && up.len() == out.len(), "silu_mul of slices of different lengths");
+        match self.tok {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX2 and FMA; the three slices hold `out.len()` floats each.
+            Some(_) => unsafe { avx2::silu_mul(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len()) },
+            _ => {
+                for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                    *o = g / (1.0 + exp_portable(-g)) * u;
+                }
+            }
+        }
+    }
+
+    /// RMSNorm: `out[i] = x[i]·r·w[i]` with `r = 1/√(Σx²/len + eps)` (panics if the lengths differ). The
+    /// sum of squares is [`VectorOps::dot`]'s (f32, several chains).
+    pub fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        assert!(x.len() == w.len() && w.len() == out.len(), "rms_norm of slices of different lengths");
+        let ms = self.dot(x, x) / x.len() as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        // `(x·r)·w`, two roundings, in either variant (the compiler vectorises this loop as it stands).
+        for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+            *o = v * r * g;
+        }
+    }
+
+    /// `x[i] *= a`.
+    pub fn scale(&self, a: f32, x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v *= a);
+    }
+
+    /// A small GEMM over strided operands: `c[i·ldc + j] = Σ_p a[i·a_row + p·a_col] · b[p·ldb + j]` for
+    /// `i < m`, `j < n`, `p < k` (C is overwritten; `k = 0` gives zeros). A may be any strided view (rows of
+    /// a wider matrix, or a transposed one); B and C rows are contiguous. Each output is one FMA chain over
+    /// `p` in order on AVX2 (error at most `k·u·Σ|a·b|`, u = 2⁻²⁴), a multiply-add chain in portable Rust
+    /// (`2k·u·Σ|a·b|`). Panics if an operand is too short for its view.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        a_row: usize,
+        a_col: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        if m == 0 || n == 0 {
+            return;
+        }
+        assert!(ldc >= n, "gemm: ldc {ldc} < n {n}");
+        assert!((m - 1) * ldc + n <= c.len(), "gemm: C is too short");
+        if k == 0 {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(0.0);
+            }
+            return;
+        }
+        assert!((m - 1) * a_row + (k - 1) * a_col < a.len(), "gemm: A is too short");
+        assert!((k - 1) * ldb + n <= b.len(), "gemm: B is too short");
+        match self.tok {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX2 and FMA; the asserts above prove every index the kernel touches
+            // (`i·a_row + p·a_col`, `p·ldb + j`, `i·ldc + j` for i < m, j < n, p < k) is in bounds, and `c` is
+            // a distinct mutable slice.
+            Some(_) => unsafe { avx2::gemm(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc) },
+            _ => {
+                for i in 0..m {
+                    let row = &mut c[i * ldc..i * ldc + n];
+                    row.fill(0.0);
+                    for p in 0..k {
+                        let av = a[i * a_row + p * a_col];
+                        for (o, &bv) in row.iter_mut().zip(&b[p * ldb..p * ldb + n]) {
+                            *o += av * bv;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The AVX2 + FMA variants. Every function is an `unsafe fn` with `#[target_feature(enable =
+    //! "avx2,fma")]`: the CPU must have AVX2 and FMA (callers hold an [`Avx2Fma`](crate::isa::Avx2Fma)
+    //! token) and the pointer ranges listed in its `# Safety` section must be valid; the safe wrappers in
+    //! [`super::VectorOps`] check them with slice lengths.
+
+    use std::arch::x86_64::*;
+
+    use super::{EXP_MAX, EXP_MIN, LN2_HI, LN2_LO, LOG2E, P0, P1, P2, P3, P4, P5, ROUND};
+    use crate::x86_64::avx2::hsum;
+
+    /// `exp` of eight lanes, to the bound in the module documentation.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn exp8(x: __m256) -> __m256 {
+        // Clamp first (min/max return the second operand for a NaN lane: the clamp bound), fix up after.
+        let xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_MAX)), _mm256_set1_ps(EXP_MIN));
+        let round = _mm256_set1_ps(ROUND);
+        let n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2E), round), round);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
+        let e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
+        // n ∈ [−126, 127] after the clamp: a normal power of two.
+        let pow = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+        let y = _mm256_mul_ps(e, _mm256_castsi256_ps(pow));
+        // Ordered, non-signalling compares: false for NaN lanes.
+        let y = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_MIN)), y);
+        let y =
+            _mm256_blendv_ps(y, _mm256_set1_ps(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(EXP_MAX)));
+        _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    }
+
+    /// Loads `len < 8` floats into the low lanes, `fill` elsewhere.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `src` readable for `len ≤ 8` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_partial(src: *const f32, len: usize, fill: f32) -> __m256 {
+        let mut buf = [fill; 8];
+        // SAFETY: `len ≤ 8` readable floats at `src` (caller contract); `buf` holds 8.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), len) };
+        // SAFETY: `buf` holds 8 floats.
+        unsafe { _mm256_loadu_ps(buf.as_ptr()) }
+    }
+
+    /// Stores the low `len < 8` lanes.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `dst` writable for `len ≤ 8` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store_partial(dst: *mut f32, len: usize, v: __m256) {
+        let mut buf = [0.0f32; 8];
+        // SAFETY: `buf` holds 8 floats.
+        unsafe { _mm256_storeu_ps(buf.as_mut_ptr(), v) };
+        // SAFETY: `len ≤ 8` writable floats at `dst` (caller contract).
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, len) };
+    }
+
+    /// `x[i] = exp(x[i])`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `x` readable and writable for `len` floats.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_inplace(x: *mut f32, len: usize) {
+        let mut i = 0;
+        while i + 8 <= len {
+            // SAFETY: i + 8 <= len.
+            unsafe { _mm256_storeu_ps(x.add(i), exp8(_mm256_loadu_ps(x.add(i)))) };
+            i += 8;
+        }
+        if i < len {
+            // SAFETY: `len − i < 8` floats remain at `x + i`.
+            unsafe { store_partial(x.add(i), len - i, exp8(load_partial(x.add(i), len - i, 0.0))) };
+        }
+    }
+
+    /// The largest of `len` floats (`−∞` for none).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `x` readable for `len` floats.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn max(x: *const f32, len: usize) -> f32 {
+        let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
+        let mut i = 0;
+        while i + 16 <= len {
+            // SAFETY: i + 16 <= len. `max(v, acc)` keeps `acc` for a NaN lane of `v`.
+            unsafe {
+                acc[0] = _mm256_max_ps(_mm256_loadu_ps(x.add(i)), acc[0]);
+                acc[1] = _mm256_max_ps(_mm256_loadu_ps(x.add(i + 8)), acc[1]);
+            }
+            i += 16;
+        }
+        while i + 8 <= len {
+            // SAFETY: i + 8 <= len.
+            unsafe { acc[0] = _mm256_max_ps(_mm256_loadu_ps(x.add(i)), acc[0]) };
+            i += 8;
+        }
+        if i < len {
+            // SAFETY: `len − i < 8` floats remain at `x + i`.
+            unsafe { acc[1] = _mm256_max_ps(load_partial(x.add(i), len - i, f32::NEG_INFINITY), acc[1]) };
+        }
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_max_ps(acc[0], acc[1])) };
+        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// `x[i] = exp((x[i] − max)·scale)`, returning the sum (eight lanes, then a fixed-order reduction).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `x` readable and writable for `len` floats.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax_exp(x: *mut f32, len: usize, max: f32, scale: f32) -> f32 {
+        let (vm, vs) = (_mm256_set1_ps(max), _mm256_set1_ps(scale));
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= len {
+            // SAFETY: i + 8 <= len.
+            unsafe {
+                let e = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), vm), vs));
+                _mm256_storeu_ps(x.add(i), e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            i += 8;
+        }
+        if i < len {
+            // SAFETY: `len − i < 8` floats remain at `x + i`; the padding lanes are −∞, whose exp is 0.
+            unsafe {
+                let v = load_partial(x.add(i), len - i, f32::NEG_INFINITY);
+                let e = exp8(_mm256_mul_ps(_mm256_sub_ps(v, vm), vs));
+                store_partial(x.add(i), len - i, e);
+                acc = _mm256_add_ps(acc, e);
+            }
+        }
+        hsum(acc)
+    }
+
+    /// `out = gate / (1 + exp(−gate)) · up`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn silu_mul8(g: __m256, u: __m256) -> __m256 {
+        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e)), u)
+    }
+
+    /// `out[i] = gate[i] / (1 + exp(−gate[i])) · up[i]`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `gate` and `up` readable and `out` writable for `len` floats.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu_mul(gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
+        let mut i = 0;
+        while i + 8 <= len {
+            // SAFETY: i + 8 <= len.
+            unsafe {
+                _mm256_storeu_ps(out.add(i), silu_mul8(_mm256_loadu_ps(gate.add(i)), _mm256_loadu_ps(up.add(i))))
+            };
+            i += 8;
+        }
+        if i < len {
+            // SAFETY: `len − i < 8` floats remain in each slice.
+            unsafe {
+                let (g, u) = (load_partial(gate.add(i), len - i, 0.0), load_partial(up.add(i), len - i, 0.0));
+                store_partial(out.add(i), len - i, silu_mul8(g, u));
+            }
+        }
+    }
+
+    /// One `R × 8W` tile of C: `R` rows of A against `8W` columns of B, accumulated over `k` in registers.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `a[r·a_row + p·a_col]` readable for `r < R`, `p < k`; `b[p·ldb
+    /// + j]` readable and `c[r·ldc + j]` writable for `j < 8W`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize, const W: usize>(
+        k: usize,
+        a: *const f32,
+        a_row: usize,
+        a_col: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); W]; R];
+        for p in 0..k {
+            // SAFETY: p < k, so row p of B has 8W readable floats from `b` (caller contract).
+            let bv: [__m256; W] = std::array::from_fn(|w| unsafe { _mm256_loadu_ps(b.add(p * ldb + 8 * w)) });
+            for (r, row) in acc.iter_mut().enumerate() {
+                // SAFETY: r < R and p < k (caller contract).
+                let av = _mm256_set1_ps(unsafe { *a.add(r * a_row + p * a_col) });
+                for (w, v) in row.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(av, bv[w], *v);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (w, v) in row.iter().enumerate() {
+                // SAFETY: r < R, 8w + 8 <= 8W (caller contract).
+                unsafe { _mm256_storeu_ps(c.add(r * ldc + 8 * w), *v) };
+            }
+        }
+    }
+
+    /// Up to six rows of A against every column of B: tiles of 16 and 8 columns, then single columns.
+    ///
+    /// # Safety
+    /// As [`gemm`], for `R` rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows<const R: usize>(
+        n: usize,
+        k: usize,
+        a: *const f32,
+        a_row: usize,
+        a_col: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut j = 0;
+        while j + 16 <= n {
+            // SAFETY: columns j..j + 16 are within n (the caller's bounds cover every j < n).
+            unsafe { tile::<R, 2>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            j += 16;
+        }
+        if j + 8 <= n {
+            // SAFETY: columns j..j + 8 are within n.
+            unsafe { tile::<R, 1>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            j += 8;
+        }
+        while j < n {
+            for r in 0..R {
+                let mut s = 0.0f32;
+                for p in 0..k {
+                    // SAFETY: r < R, p < k, j < n: in bounds by the caller's contract.
+                    unsafe { s = (*a.add(r * a_row + p * a_col)).mul_add(*b.add(p * ldb + j), s) };
+                }
+                // SAFETY: r < R, j < n.
+                unsafe { *c.add(r * ldc + j) = s };
+            }
+            j += 1;
+        }
+    }
+
+    /// `c[i·ldc + j] = Σ_p a[i·a_row + p·a_col]·b[p·ldb + j]`, six rows at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `m, n, k ≥ 1`; `a` readable at every `i·a_row + p·a_col`, `b` at
+    /// every `p·ldb + j` and `c` writable at every `i·ldc + j` (i < m, j < n, p < k).
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: *const f32,
+        a_row: usize,
+        a_col: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        while i < m {
+            let r = (m - i).min(6);
+            // SAFETY: rows i..i + r are within m; the offsets stay inside the caller's ranges.
+            unsafe {
+                let (a, c) = (a.add(i * a_row), c.add(i * ldc));
+                match r {
+                    6 => rows::<6>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    5 => rows::<5>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    4 => rows::<4>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    3 => rows::<3>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    2 => rows::<2>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    _ => rows::<1>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                }
+            }
+            i += r;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::isa::IsaLevel;
 
     #[test]
     fn dot_and_axpy_match_plain_loops_on_every_length() {
@@ -84,5 +579,11 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn with_caps_portable_is_portable() {
+        let caps = IsaCaps::unrestricted().with_max_level(IsaLevel::Portable);
+        assert!(!VectorOps::with_caps(&caps).is_avx2());
     }
 }

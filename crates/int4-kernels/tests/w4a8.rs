@@ -261,6 +261,55 @@ fn a_forced_kernel_the_cpu_lacks_is_an_error() {
     }
 }
 
+/// The ISA matrix in one process: under each cap (portable; AVX2; AVX-512 without VNNI; AVX-512; no cap)
+/// dispatch takes the fastest kernel that both the cap and the live CPU allow, never one above the cap,
+/// and its layer output is bit-identical to the reference. On the emulated AVX-512 CPU this is where
+/// "AVX-512 without VNNI" is shown to fall back to the AVX2 kernel.
+#[test]
+fn every_isa_cap_dispatches_to_the_best_kernel_it_allows_bit_exactly() {
+    use int4_kernels::isa::Feature;
+    let mut rng = Rng::new(43);
+    let (n, k, m, group) = (80, 200, 17, GroupSize::G64);
+    let (codes, scales, zps) = layer(&mut rng, n, k, group, true);
+    let packed = W4A8Weights::pack(&codes, &scales, zps.as_deref(), group).unwrap();
+    let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+    let x = rng.activations(m, k);
+    let a = quantize_activations(&x, m, &packed).unwrap();
+    let want = reference::w4a8(&a.data, m, a.k_padded, &a.scales, &codes, &scales, zps.as_deref(), 64, Some(&bias));
+    let live = IsaCaps::unrestricted();
+    let detected = |f: Feature| f.detected();
+    let vnni = detected(Feature::Avx2) && detected(Feature::Avx512) && detected(Feature::Avx512Vnni);
+    let amx = vnni && int4_kernels::w4a8::amx::amx_int8_usable();
+    let matrix = [
+        ("portable", live.clone().with_max_level(IsaLevel::Portable), KernelId::W4a8Portable),
+        ("avx2", live.clone().with_max_level(IsaLevel::Avx2), KernelId::W4a8Avx2),
+        (
+            "avx512 without vnni",
+            live.clone().with_max_level(IsaLevel::Avx512).without(Feature::Avx512Vnni),
+            KernelId::W4a8Avx2,
+        ),
+        ("avx512", live.clone().with_max_level(IsaLevel::Avx512), KernelId::W4a8Vnni),
+        ("no cap", live.clone(), KernelId::W4a8Amx),
+    ];
+    for (name, caps, ceiling) in matrix {
+        // The fastest kernel at or below the cap's ceiling that this CPU has.
+        let ladder = [KernelId::W4a8Amx, KernelId::W4a8Vnni, KernelId::W4a8Avx2, KernelId::W4a8Portable];
+        let has = |id: KernelId| match id {
+            KernelId::W4a8Amx => amx,
+            KernelId::W4a8Vnni => vnni,
+            KernelId::W4a8Avx2 => detected(Feature::Avx2) && detected(Feature::Fma),
+            _ => true,
+        };
+        let expected = ladder.into_iter().skip_while(|&id| id != ceiling).find(|&id| has(id)).unwrap();
+        let kernel = W4A8Kernel::best(&caps);
+        assert_eq!(kernel.id_for(m), expected, "cap {name}");
+        let mut out = vec![f32::NAN; m * n];
+        W4A8Linear::with_kernel(packed.clone(), Some(bias.clone()), kernel).unwrap().forward(&x, m, &mut out).unwrap();
+        assert!(out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "cap {name}: {expected:?} differs");
+        eprintln!("cap {name}: {}", expected.name());
+    }
+}
+
 /// Tile-configuration mistakes give errors, never a wrong answer.
 #[test]
 fn tile_configuration_mistakes_are_errors() {

@@ -487,9 +487,11 @@ fn run_blocks(
         .with_min_len(min_blocks)
         .enumerate()
         .try_for_each(|(nb, tile)| {
-            for r in 0..m {
-                for c in 0..16 {
-                    tile[r * 16 + c] = bias.map_or(0.0, |b| b[nb * 16 + c]);
+            // The tile starts at the bias (or at the zeros it was allocated with).
+            if let Some(b) = bias {
+                let b16 = &b[nb * 16..nb * 16 + 16];
+                for row in tile.chunks_exact_mut(16) {
+                    row.copy_from_slice(b16);
                 }
             }
             let block = Block {

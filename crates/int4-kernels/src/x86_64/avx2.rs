@@ -242,7 +242,7 @@ pub unsafe fn gemm_microkernel<const MR: usize>(
 /// Horizontal sum of eight lanes in a fixed order.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
+pub(crate) fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
