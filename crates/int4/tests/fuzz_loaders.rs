@@ -7,6 +7,8 @@
 //! many loads it ran.
 
 mod common;
+#[path = "common/mutate.rs"]
+mod mutate;
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -18,60 +20,10 @@ use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
 use int4::weights::Checkpoint;
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_symmetric};
 use int4_layout::{GroupSize, gptq, rowmajor};
+use mutate::{Edit, apply, cases, edits, run};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use safetensors::tensor::{Dtype, TensorView};
-
-fn cases() -> u32 {
-    std::env::var("INT4_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)
-}
-
-/// One edit of a byte buffer.
-#[derive(Clone, Debug)]
-enum Edit {
-    Flip(usize, u8),
-    Truncate(usize),
-    /// A little-endian u64 written at an offset: hostile lengths and offsets.
-    Word(usize, u64),
-}
-
-fn edits() -> impl Strategy<Value = Vec<Edit>> {
-    let edit = prop_oneof![
-        (any::<usize>(), 1u8..=255).prop_map(|(p, x)| Edit::Flip(p, x)),
-        any::<usize>().prop_map(Edit::Truncate),
-        (any::<usize>(), prop_oneof![Just(u64::MAX), Just(1 << 40), Just(0), any::<u64>()])
-            .prop_map(|(p, v)| Edit::Word(p, v)),
-    ];
-    prop::collection::vec(edit, 1..4)
-}
-
-/// Applies edits, positions taken modulo the length; most land in the first 4 KiB (headers), where a
-/// parser is most exposed.
-fn apply(bytes: &[u8], edits: &[Edit]) -> Vec<u8> {
-    let mut b = bytes.to_vec();
-    for e in edits {
-        if b.is_empty() {
-            break;
-        }
-        let at = |p: usize, len: usize| if !p.is_multiple_of(4) { p % len.min(4096) } else { p % len };
-        match *e {
-            Edit::Flip(p, x) => {
-                let i = at(p, b.len());
-                b[i] ^= x;
-            }
-            Edit::Truncate(p) => b.truncate(p % b.len()),
-            Edit::Word(p, v) => {
-                let i = at(p, b.len());
-                for (j, byte) in v.to_le_bytes().iter().enumerate() {
-                    if let Some(slot) = b.get_mut(i + j) {
-                        *slot = *byte;
-                    }
-                }
-            }
-        }
-    }
-    b
-}
 
 fn opts(path: RunPath, cache: Option<&Path>) -> LoadOptions {
     LoadOptions { path, context: 32, cache: cache.map(ArtifactStore::new), ..LoadOptions::default() }
@@ -101,19 +53,6 @@ fn with_file(src: &Path, dst: &Path, file: &str, bytes: &[u8]) {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
     }
     std::fs::write(dst.join(file), bytes).unwrap();
-}
-
-fn run(name: &str, strategy: impl Strategy<Value = Vec<Edit>>, check: impl Fn(&[Edit]) -> Result<(), String>) {
-    let mut runner = TestRunner::new(Config { cases: cases(), failure_persistence: None, ..Config::default() });
-    let n = std::cell::Cell::new(0u32);
-    let r = runner.run(&strategy, |e| {
-        n.set(n.get() + 1);
-        check(&e).map_err(TestCaseError::fail)
-    });
-    eprintln!("fuzz {name}: {} mutated loads", n.get());
-    if let Err(e) = r {
-        panic!("fuzz {name}: {e}");
-    }
 }
 
 #[test]

@@ -11,6 +11,10 @@
 //! * The real default model (SmolLM2-135M-Instruct) when `cargo xtask fetch-model` has put it in place:
 //!   skipped with a message otherwise, and a failure under `CI=true`.
 
+#[path = "common/mutate.rs"]
+mod mutate;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use half::f16;
@@ -781,6 +785,30 @@ fn a_tiny_llama_converts_exactly() {
         let g = read_json(&out.join("generation_config.json"));
         assert_eq!((g["bos_token_id"].as_u64(), g["eos_token_id"].as_u64()), (Some(1), Some(2)));
     }
+}
+
+/// Mutation fuzzing of the reader and the converter together: a mutated tiny Llama GGUF either converts
+/// or fails with an error naming the file; never a panic, and never an allocation sized by a hostile
+/// count (which would abort the test process).
+#[test]
+fn mutated_gguf_files_never_panic() {
+    let good = tiny_llama(false).writer.bytes();
+    let (path, out) = (tmp_dir().join("fuzz.gguf"), tmp_dir().join("fuzz.out"));
+    let converted = std::cell::Cell::new(0u32);
+    mutate::run("gguf", mutate::edits(), |edits| {
+        std::fs::write(&path, mutate::apply(&good, edits)).unwrap();
+        let _ = std::fs::remove_dir_all(&out);
+        match catch_unwind(AssertUnwindSafe(|| gguf_to_hf(&path, &out))) {
+            Err(_) => Err(format!("panicked on {edits:?}")),
+            Ok(Ok(_)) => {
+                converted.set(converted.get() + 1);
+                Ok(())
+            }
+            Ok(Err(e)) if e.to_string().contains("fuzz.gguf") => Ok(()),
+            Ok(Err(e)) => Err(format!("the error does not name the file: {e}")),
+        }
+    });
+    eprintln!("fuzz gguf: {} mutated files still converted", converted.get());
 }
 
 #[test]
