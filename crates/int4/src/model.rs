@@ -6,6 +6,7 @@
 //! the head's packed layout, so no second copy of the table exists.
 
 use int4_kernels::KernelId;
+use int4_kernels::vector::VectorOps;
 use rayon::prelude::*;
 
 use crate::config::{Architecture, ModelConfig};
@@ -97,11 +98,295 @@ impl KvCache {
     }
 }
 
+/// A linear layer's place in a decoder layer, as a [`ForwardObserver`] sees it.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinearSlot {
+    /// q/k/v, fused (input: the attention-normed residual).
+    Qkv,
+    /// `o_proj` (input: the attention output).
+    O,
+    /// gate/up, fused (input: the MLP-normed residual).
+    GateUp,
+    /// `down_proj` (input: the SwiGLU activation).
+    Down,
+    /// The head (input: the final-normed residual, of every row).
+    Head,
+}
+
+/// What [`Model::forward_observed`] does with a decoder layer, as its observer decides.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerFlow {
+    /// Run the layer.
+    Run,
+    /// Skip it (the residual stream passes through unchanged and its KV cache is not written).
+    Skip,
+    /// Stop the forward pass here; it returns no logits.
+    Stop,
+}
+
+/// Watches the inputs of the linear layers during [`Model::forward_observed`].
+///
+/// Why: GPTQ (`crate::gptq`) needs, per linear layer, the Hessian `Σ xᵀx` of its inputs over calibration
+/// text, and it runs sequentially (layer `l` is quantized before layer `l + 1`'s inputs are seen). The hook
+/// lets it see every linear input, replace the residual stream at a layer's start (to resume from states
+/// it kept), skip the layers before and stop after the one it is working on, so each step costs one
+/// decoder layer instead of a whole forward pass. [`Model::forward`] passes no observer and is unchanged.
+#[doc(hidden)]
+pub trait ForwardObserver {
+    /// Called before decoder layer `layer` runs, and with `layer == num_layers` before the final norm,
+    /// with the residual stream `[m][hidden]`, which it may overwrite.
+    fn layer_start(&mut self, layer: usize, x: &mut [f32]) -> LayerFlow;
+    /// The input `[m][k]` of linear `slot` of decoder layer `layer` (`num_layers` for the head).
+    fn linear_input(&mut self, layer: usize, slot: LinearSlot, x: &[f32], m: usize);
+}
+
+#[inline]
+fn observe(
+    observer: &mut Option<&mut (dyn ForwardObserver + Send)>,
+    layer: usize,
+    slot: LinearSlot,
+    x: &[f32],
+    m: usize,
+) {
+    if let Some(obs) = observer.as_deref_mut() {
+        obs.linear_input(layer, slot, x, m);
+    }
+}
+
+/// Memory this process can still take: `MemAvailable`, lowered to the room left under a cgroup (v2)
+/// memory limit when there is one. `None` where neither can be read (not Linux).
+fn available_memory() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: usize = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    let mut available = kib.saturating_mul(1024);
+    let cgroup = |name: &str| -> Option<usize> {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{name}")).ok()?.trim().parse().ok()
+    };
+    if let (Some(max), Some(current)) = (cgroup("memory.max"), cgroup("memory.current")) {
+        available = available.min(max.saturating_sub(current));
+    }
+    Some(available)
+}
+
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ms: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let r = 1.0 / (ms + eps).sqrt();
-    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * r * g;
+    VectorOps::new().rms_norm(x, w, eps, out);
+}
+
+/// RoPE's `(cos, sin)` of `pos·f` for every row's position and every frequency, `[row][freq]`: computed
+/// once per forward call and shared by every head of every layer. These are the f64 values the rotation has
+/// always used, so the rotated vectors are bit-identical to computing `sin_cos` per head.
+fn rope_table(inv_freq: &[f64], pos: &[usize]) -> Vec<(f64, f64)> {
+    let mut t = Vec::with_capacity(pos.len() * inv_freq.len());
+    for &p in pos {
+        let p = p as f64;
+        t.extend(inv_freq.iter().map(|&f| {
+            let (s, c) = (p * f).sin_cos();
+            (c, s)
+        }));
+    }
+    t
+}
+
+/// Rotates pairs `(j, j + hd/2)` of one head's vector by the angles in `cs` (one row of [`rope_table`]),
+/// as Hugging Face's `rotate_half` does, in f64.
+fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
+    let half = v.len() / 2;
+    for (j, &(c, s)) in cs.iter().enumerate() {
+        let (a, b) = (v[j], v[j + half]);
+        v[j] = (f64::from(a) * c - f64::from(b) * s) as f32;
+        v[j + half] = (f64::from(b) * c + f64::from(a) * s) as f32;
+    }
+}
+
+/// A run of at least this many query rows (one sequence, consecutive positions) takes the block path.
+const ATTN_BLOCK_MIN_ROWS: usize = 4;
+/// Below this many flops a layer's attention runs on the calling thread (a decode step at short context):
+/// a parallel hand-off costs more than it saves.
+const ATTN_PARALLEL_FLOPS: usize = 1 << 21;
+
+/// The shapes attention needs.
+#[derive(Clone, Copy)]
+struct AttnShape {
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    qkv_n: usize,
+    scale: f32,
+}
+
+/// Grouped-query attention of layer `li` for every row: `attn[i][h] = softmax(q·Kᵀ·scale)·V` over the keys
+/// `0..=pos[i]` of row `i`'s sequence (whose cache already holds this call's keys and values).
+///
+/// Work is cut into tasks of (block of query rows, KV head): a block is up to `qb` consecutive rows of one
+/// sequence at consecutive positions; each task handles the `nh/nkv` query heads sharing its KV head, so K
+/// and V are read once for all of them. Tasks run in parallel when the layer's work is large, and each task
+/// computes its rows alone, so results do not depend on the thread count.
+///
+/// A block of [`ATTN_BLOCK_MIN_ROWS`] rows or more (prefill) transposes the head's keys once and computes
+/// scores as a GEMM (`S = Q·Kᵀ`), the softmax numerators with the vectorised `exp`, then `P·V` as a GEMM;
+/// shorter runs (decode) take one dot product per key and the same `P·V` GEMM over the group's heads.
+///
+/// Error budget (u = 2⁻²⁴; against exact arithmetic on the same q, K, V): a score is one FMA chain of `hd`
+/// terms (`hd·u·Σ|q·k|`, as the dot product before); `exp((s − max)·scale)` adds two roundings of the
+/// argument and [`int4_kernels::vector::EXP_MAX_REL_ERROR`] (2 ulp) of relative error; the normaliser is a
+/// sum in eight f32 lanes (`n·u` relative); `P·V` is one FMA chain over the `n` keys (`n·u·Σp|v|`), scaled
+/// by `1/Σ` once (two more roundings). Relative to the previous per-key `axpy` form (which normalised each
+/// weight first) only the order of these roundings changed; the total stays within `(hd + 2n + 8)·u`
+/// relative to `Σ|p·v|`, far below the 4-bit paths' own error and inside the f32 tests' tolerances.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    ops: &VectorOps,
+    shape: AttnShape,
+    qkv: &[f32],
+    seq: &[usize],
+    pos: &[usize],
+    caches: &[&KvCache],
+    li: usize,
+    attn: &mut [f32],
+) {
+    let AttnShape { hd, nh, nkv, .. } = shape;
+    let m = seq.len();
+    let group = nh / nkv;
+    // Query blocks: 64 rows for long prompts, smaller for short ones so both threads get work.
+    let qb = (m / 8).clamp(16, 64);
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i < m {
+        let mut j = i + 1;
+        while j < m && j - i < qb && seq[j] == seq[i] && pos[j] == pos[j - 1] + 1 {
+            j += 1;
+        }
+        tasks.extend((0..nkv).map(|kvh| (i, j - i, kvh)));
+        i = j;
+    }
+    let flops: usize = tasks.iter().map(|&(i0, r, _)| 4 * r * (pos[i0 + r - 1] + 1) * group * hd).sum();
+    let run = |&(i0, r, kvh): &(usize, usize, usize)| -> Vec<f32> {
+        let cache = caches[seq[i0]];
+        attend_block(ops, shape, qkv, (&cache.k[li], &cache.v[li]), kvh, i0, r, pos[i0])
+    };
+    let outs: Vec<Vec<f32>> = if flops >= ATTN_PARALLEL_FLOPS {
+        tasks.par_iter().map(run).collect()
+    } else {
+        tasks.iter().map(run).collect()
+    };
+    let gw = group * hd;
+    for (&(i0, r, kvh), out) in tasks.iter().zip(&outs) {
+        for t in 0..r {
+            let dst = (i0 + t) * nh * hd + kvh * gw;
+            attn[dst..dst + gw].copy_from_slice(&out[t * gw..(t + 1) * gw]);
+        }
+    }
+}
+
+/// One attention task: rows `i0..i0 + r` (positions `p0..p0 + r`) and the query heads of KV head `kvh`.
+/// Returns `[r][group·hd]`.
+#[allow(clippy::too_many_arguments)]
+fn attend_block(
+    ops: &VectorOps,
+    shape: AttnShape,
+    qkv: &[f32],
+    (kc, vc): (&[f32], &[f32]),
+    kvh: usize,
+    i0: usize,
+    r: usize,
+    p0: usize,
+) -> Vec<f32> {
+    let AttnShape { hd, nh, nkv, qkv_n, scale } = shape;
+    let group = nh / nkv;
+    let (gw, kw, koff) = (group * hd, nkv * hd, kvh * hd);
+    // Row t sees keys 0..=p0 + t.
+    let nk = p0 + r;
+    let mut out = vec![0.0f32; r * gw];
+    let mut inv = vec![0.0f32; r.max(group)];
+    if r >= ATTN_BLOCK_MIN_ROWS {
+        // Kᵀ of this head, [hd][ld], padded to whole vectors.
+        let ld = nk.next_multiple_of(8);
+        let mut kt = vec![0.0f32; hd * ld];
+        for j in 0..nk {
+            for (d, &v) in kc[j * kw + koff..j * kw + koff + hd].iter().enumerate() {
+                kt[d * ld + j] = v;
+            }
+        }
+        let mut s = vec![0.0f32; r * ld];
+        for g in 0..group {
+            let h = kvh * group + g;
+            ops.gemm((r, nk, hd), &qkv[i0 * qkv_n + h * hd..], qkv_n, 1, &kt, ld, &mut s, ld);
+            for (t, w) in inv.iter_mut().enumerate().take(r) {
+                let row = &mut s[t * ld..t * ld + nk];
+                let len = p0 + t + 1;
+                let max = ops.max(&row[..len]);
+                *w = 1.0 / ops.softmax_exp(&mut row[..len], max, scale);
+                row[len..].fill(0.0);
+            }
+            ops.gemm((r, hd, nk), &s, ld, 1, &vc[koff..], kw, &mut out[g * hd..], gw);
+            for (t, &w) in inv.iter().enumerate().take(r) {
+                ops.scale(w, &mut out[t * gw + g * hd..t * gw + (g + 1) * hd]);
+            }
+        }
+    } else {
+        let mut s = vec![0.0f32; group * nk];
+        for t in 0..r {
+            let len = p0 + t + 1;
+            for (g, w) in inv.iter_mut().enumerate().take(group) {
+                let h = kvh * group + g;
+                let q = &qkv[(i0 + t) * qkv_n + h * hd..(i0 + t) * qkv_n + (h + 1) * hd];
+                let row = &mut s[g * len..(g + 1) * len];
+                for (j, sj) in row.iter_mut().enumerate() {
+                    *sj = ops.dot(q, &kc[j * kw + koff..j * kw + koff + hd]);
+                }
+                let max = ops.max(row);
+                *w = 1.0 / ops.softmax_exp(row, max, scale);
+            }
+            let o = &mut out[t * gw..(t + 1) * gw];
+            ops.gemm((group, hd, len), &s, len, 1, &vc[koff..], kw, o, hd);
+            for (g, &w) in inv.iter().enumerate().take(group) {
+                ops.scale(w, &mut o[g * hd..(g + 1) * hd]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod rope_tests {
+    use super::*;
+
+    /// The table-driven rotation gives the same bits as calling `sin_cos` for every head, as the forward
+    /// pass did before the table (the loop below is that code).
+    #[test]
+    fn rope_from_the_table_is_bit_identical_to_per_head_sin_cos() {
+        for (hd, theta) in [(64usize, 10_000.0f64), (128, 500_000.0), (16, 1_000_000.0)] {
+            let inv_freq: Vec<f64> = (0..hd / 2).map(|i| theta.powf(-(2.0 * i as f64) / hd as f64)).collect();
+            let pos: Vec<usize> = vec![0, 1, 2, 7, 100, 511, 4095, 131_071, 3, 3];
+            let table = rope_table(&inv_freq, &pos);
+            for (row, &p) in pos.iter().enumerate() {
+                for head in 0..5 {
+                    let v0: Vec<f32> =
+                        (0..hd).map(|i| ((i * 7 + head * 13 + row) as f32 * 0.37).sin() * (1.0 + i as f32)).collect();
+                    let mut want = v0.clone();
+                    let pos = p as f64;
+                    for (j, &f) in inv_freq.iter().enumerate() {
+                        let (s, c) = (pos * f).sin_cos();
+                        let (a, b) = (want[j], want[j + hd / 2]);
+                        want[j] = (f64::from(a) * c - f64::from(b) * s) as f32;
+                        want[j + hd / 2] = (f64::from(b) * c + f64::from(a) * s) as f32;
+                    }
+                    let mut got = v0;
+                    apply_rope(&mut got, &table[row * hd / 2..(row + 1) * hd / 2]);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "hd {hd}, position {p}, head {head}");
+                }
+            }
+        }
     }
 }
 
@@ -353,6 +638,19 @@ impl Model {
                 format!("{context} positions need {need} bytes, more than the {max_bytes} allowed"),
             ));
         }
+        // The allocation below is lazy (zeroed pages), so a cache larger than memory would not fail here
+        // but get the process killed once filled: refuse it while that is still a clear error.
+        if let Some(available) = available_memory()
+            && need > available
+        {
+            return Err(Error::new(
+                "KV cache",
+                format!(
+                    "{context} positions need {need} bytes, more than the {available} bytes of memory available \
+                     (choose a shorter context)"
+                ),
+            ));
+        }
         Ok(KvCache {
             k: (0..self.cfg.num_layers).map(|_| vec![0.0; context * width]).collect(),
             v: (0..self.cfg.num_layers).map(|_| vec![0.0; context * width]).collect(),
@@ -413,7 +711,50 @@ impl Model {
         let seq = vec![0; tokens.len()];
         let rows: Vec<usize> =
             if all_logits { (0..tokens.len()).collect() } else { vec![tokens.len().saturating_sub(1)] };
-        self.forward_rows(tokens, &seq, &mut [cache], &rows)
+        self.forward_rows(tokens, &seq, &mut [cache], &rows, None)
+    }
+
+    /// [`Model::forward`] with an observer that sees every linear layer's input and steers which decoder
+    /// layers run (see [`ForwardObserver`]); returns the last row's logits, or nothing if it stopped early.
+    #[doc(hidden)]
+    pub fn forward_observed(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        observer: &mut (dyn ForwardObserver + Send),
+    ) -> Result<Vec<f32>> {
+        let seq = vec![0; tokens.len()];
+        let rows = vec![tokens.len().saturating_sub(1)];
+        self.forward_rows(tokens, &seq, &mut [cache], &rows, Some(observer))
+    }
+
+    /// Replaces the weights of linear `slot` of decoder layer `layer` (`num_layers` or any layer for
+    /// [`LinearSlot::Head`]) with `w` (`[n][k]`, the fused layer's rows in the checkpoint's order), run by
+    /// the model's numerics (GPTQ swaps in each layer's quantized weights as it goes).
+    #[doc(hidden)]
+    pub fn set_linear(&mut self, layer: usize, slot: LinearSlot, w: Vec<f32>, bias: Option<Vec<f32>>) -> Result<()> {
+        let numerics = self.numerics;
+        let target = match slot {
+            LinearSlot::Head => &mut self.head,
+            _ => {
+                let l = self
+                    .layers
+                    .get_mut(layer)
+                    .ok_or_else(|| Error::new("set_linear", format!("no decoder layer {layer}")))?;
+                match slot {
+                    LinearSlot::Qkv => &mut l.qkv,
+                    LinearSlot::O => &mut l.o,
+                    LinearSlot::GateUp => &mut l.gate_up,
+                    _ => &mut l.down,
+                }
+            }
+        };
+        let (n, k) = (target.n(), target.k());
+        if w.len() != n * k {
+            return Err(Error::new("set_linear", format!("{} weights for a {n} x {k} layer", w.len())));
+        }
+        *target = Linear::build(&format!("{layer}.{slot:?}"), w, n, k, bias, numerics)?;
+        Ok(())
     }
 
     /// One decode step for several sequences at once: `tokens[i]` continues the sequence in `caches[i]`.
@@ -425,7 +766,7 @@ impl Model {
             return Err(Error::new("batch", format!("{} tokens for {} sequences", tokens.len(), caches.len())));
         }
         let seq: Vec<usize> = (0..tokens.len()).collect();
-        self.forward_rows(tokens, &seq, caches, &seq)
+        self.forward_rows(tokens, &seq, caches, &seq, None)
     }
 
     /// Runs rows `tokens`, row `i` belonging to the sequence in `caches[seq[i]]` at that cache's next
@@ -436,12 +777,13 @@ impl Model {
         seq: &[usize],
         caches: &mut [&mut KvCache],
         out_rows: &[usize],
+        mut observer: Option<&mut (dyn ForwardObserver + Send)>,
     ) -> Result<Vec<f32>> {
         // The whole step runs on a pool worker: every layer's parallel loop then starts from inside the
         // pool (work-stealing, no sleep) instead of handing work from an outside thread and sleeping until
         // it is done, once per linear layer (about 200 times per token).
         if rayon::current_thread_index().is_none() {
-            return rayon::scope(|_| self.forward_rows(tokens, seq, caches, out_rows));
+            return rayon::scope(|_| self.forward_rows(tokens, seq, caches, out_rows, observer));
         }
         let cfg = &self.cfg;
         let m = tokens.len();
@@ -480,76 +822,46 @@ impl Model {
         let mut proj = vec![0.0f32; m * h];
         let mut gu = vec![0.0f32; m * 2 * inter];
         let mut act = vec![0.0f32; m * inter];
-        let scale = 1.0 / (hd as f32).sqrt();
-        let group = nh / nkv;
+        let ops = VectorOps::new();
+        let shape = AttnShape { hd, nh, nkv, qkv_n, scale: 1.0 / (hd as f32).sqrt() };
+        // cos/sin of every row's position, once for all heads and layers.
+        let rope = rope_table(&self.inv_freq, &pos);
+        let half = self.inv_freq.len();
+        let mut tmp = Vec::with_capacity(hd);
         for (li, layer) in self.layers.iter().enumerate() {
+            if let Some(obs) = observer.as_deref_mut() {
+                match obs.layer_start(li, &mut x) {
+                    LayerFlow::Run => {}
+                    LayerFlow::Skip => continue,
+                    LayerFlow::Stop => return Ok(Vec::new()),
+                }
+            }
             for i in 0..m {
                 rms_norm(&x[i * h..(i + 1) * h], &layer.attn_norm, cfg.rms_norm_eps, &mut normed[i * h..(i + 1) * h]);
             }
+            observe(&mut observer, li, LinearSlot::Qkv, &normed, m);
             layer.qkv.forward(&normed, m, &mut qkv)?;
             for i in 0..m {
                 let row = &mut qkv[i * qkv_n..(i + 1) * qkv_n];
                 let (cache, p) = (&mut *caches[seq[i]], pos[i]);
-                let pos = p as f64;
+                let cs = &rope[i * half..(i + 1) * half];
                 for head in 0..nh + nkv {
                     let v = &mut row[head * hd..(head + 1) * hd];
                     let norm = if head < nh { &layer.q_norm } else { &layer.k_norm };
                     if let Some(w) = norm {
-                        let tmp = v.to_vec();
-                        rms_norm(&tmp, w, cfg.rms_norm_eps, v);
+                        tmp.clear();
+                        tmp.extend_from_slice(v);
+                        ops.rms_norm(&tmp, w, cfg.rms_norm_eps, v);
                     }
-                    // Rotate pairs (j, j + hd/2), as Hugging Face's `rotate_half` does.
-                    for (j, &f) in self.inv_freq.iter().enumerate() {
-                        let (s, c) = (pos * f).sin_cos();
-                        let (a, b) = (v[j], v[j + hd / 2]);
-                        v[j] = (f64::from(a) * c - f64::from(b) * s) as f32;
-                        v[j + hd / 2] = (f64::from(b) * c + f64::from(a) * s) as f32;
-                    }
+                    apply_rope(v, cs);
                 }
                 let kw = nkv * hd;
                 cache.k[li][p * kw..(p + 1) * kw].copy_from_slice(&row[nh * hd..nh * hd + kw]);
                 cache.v[li][p * kw..(p + 1) * kw].copy_from_slice(&row[nh * hd + kw..nh * hd + 2 * kw]);
             }
             let caches_now: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
-            let kw = nkv * hd;
-            let ops = int4_kernels::vector::VectorOps::new();
-            // Heads in parallel; each computes every query row of the chunk for its head.
-            let per_head: Vec<Vec<f32>> = (0..nh)
-                .into_par_iter()
-                .map(|head| {
-                    let kvh = head / group;
-                    let mut out = vec![0.0f32; m * hd];
-                    let mut scores = vec![0.0f32; pos.iter().max().map_or(0, |p| p + 1)];
-                    for i in 0..m {
-                        let q = &qkv[i * qkv_n + head * hd..i * qkv_n + (head + 1) * hd];
-                        let (kc, vc) = (&caches_now[seq[i]].k[li], &caches_now[seq[i]].v[li]);
-                        let upto = pos[i] + 1;
-                        let mut max = f32::NEG_INFINITY;
-                        for (p, s) in scores[..upto].iter_mut().enumerate() {
-                            let k = &kc[p * kw + kvh * hd..p * kw + (kvh + 1) * hd];
-                            *s = ops.dot(q, k) * scale;
-                            max = max.max(*s);
-                        }
-                        let mut sum = 0.0f32;
-                        for s in &mut scores[..upto] {
-                            *s = (*s - max).exp();
-                            sum += *s;
-                        }
-                        let o = &mut out[i * hd..(i + 1) * hd];
-                        for (p, &s) in scores[..upto].iter().enumerate() {
-                            let v = &vc[p * kw + kvh * hd..p * kw + (kvh + 1) * hd];
-                            ops.axpy(s / sum, v, o);
-                        }
-                    }
-                    out
-                })
-                .collect();
-            for (head, o) in per_head.iter().enumerate() {
-                for i in 0..m {
-                    attn[i * nh * hd + head * hd..i * nh * hd + (head + 1) * hd]
-                        .copy_from_slice(&o[i * hd..(i + 1) * hd]);
-                }
-            }
+            attention(&ops, shape, &qkv, seq, &pos, &caches_now, li, &mut attn);
+            observe(&mut observer, li, LinearSlot::O, &attn, m);
             layer.o.forward(&attn, m, &mut proj)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
@@ -557,17 +869,33 @@ impl Model {
             for i in 0..m {
                 rms_norm(&x[i * h..(i + 1) * h], &layer.mlp_norm, cfg.rms_norm_eps, &mut normed[i * h..(i + 1) * h]);
             }
+            observe(&mut observer, li, LinearSlot::GateUp, &normed, m);
             layer.gate_up.forward(&normed, m, &mut gu)?;
-            for i in 0..m {
-                let (g, u) = gu[i * 2 * inter..(i + 1) * 2 * inter].split_at(inter);
-                for ((a, &gv), &uv) in act[i * inter..(i + 1) * inter].iter_mut().zip(g).zip(u) {
-                    *a = gv / (1.0 + (-gv).exp()) * uv;
-                }
+            // SiLU(gate)·up, rows in parallel for a long prompt.
+            let silu = |(a, gu): (&mut [f32], &[f32])| {
+                let (g, u) = gu.split_at(inter);
+                ops.silu_mul(g, u, a);
+            };
+            if m >= 16 {
+                act.par_chunks_mut(inter).zip(gu.par_chunks(2 * inter)).for_each(silu);
+            } else {
+                act.chunks_mut(inter).zip(gu.chunks(2 * inter)).for_each(silu);
             }
+            observe(&mut observer, li, LinearSlot::Down, &act, m);
             layer.down.forward(&act, m, &mut proj)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }
+        }
+        if let Some(obs) = observer {
+            if obs.layer_start(cfg.num_layers, &mut x) != LayerFlow::Run {
+                return Ok(Vec::new());
+            }
+            let mut all = vec![0.0f32; m * h];
+            for i in 0..m {
+                rms_norm(&x[i * h..(i + 1) * h], &self.norm, cfg.rms_norm_eps, &mut all[i * h..(i + 1) * h]);
+            }
+            obs.linear_input(cfg.num_layers, LinearSlot::Head, &all, m);
         }
         for (c, end) in caches.iter_mut().zip(next) {
             c.len = end;

@@ -149,6 +149,20 @@ fn bad_inputs_are_clear_errors() {
     assert!(model.forward(&[], &mut c, false).is_err());
     let e = model.kv_cache(1 << 40, 1 << 30).unwrap_err();
     assert!(e.to_string().contains("KV cache"), "{e}");
+    // Within the cap but beyond the machine's memory: refused before anything is allocated.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: usize = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    let per_position = model.kv_cache(1, usize::MAX).unwrap().bytes();
+    let e = model.kv_cache(kib * 1024 / per_position + 1, usize::MAX).unwrap_err();
+    assert!(e.to_string().contains("bytes of memory available"), "{e}");
     // A checkpoint missing a tensor, or with a wrong shape, names it.
     let cfg = ModelConfig::from_json(&CONFIG.replace("\"hidden_size\": 64", "\"hidden_size\": 32")).unwrap();
     let e = Model::load(cfg, &Checkpoint::open(&dir).unwrap(), Numerics::F32, None, None).unwrap_err();
