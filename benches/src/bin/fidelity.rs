@@ -11,10 +11,17 @@
 //! * teacher-forced over prompt + reference continuation (every position after the prompt): top-1
 //!   agreement with the reference and the mean KL(reference ‖ path) in nats. These positions are the
 //!   reference's own greedy text, where it is confident, so agreement reads higher than on natural text.
+//!   Scored by `int4::eval` (the scoring `int4 eval` uses on natural text).
 //!
-//! `fidelity [--model DIR] [--json FILE] [--quick]` (`--quick`: 4 prompts, 16 tokens).
+//! `fidelity [--model DIR] [--ref DIR] [--json FILE] [--quick]` (`--quick`: 4 prompts, 16 tokens).
+//!
+//! `--ref DIR` takes the reference from another directory's f32 path: to score a quantized export (`int4
+//! quantize`) against the original model rather than against its own dequantized weights. The export is
+//! then run on its f32 path (its stored 4-bit weights decoded exactly: the quantization's own error) and on
+//! the W4A16 and W4A8 paths (as stored, plus each kernel's rounding).
 
 use int4::engine::{Engine, LoadOptions, RunPath};
+use int4::eval::{Tally, score_position};
 use int4::sampling::{argmax, top2_gap};
 use int4::text::Message;
 use int4_layout::GroupSize;
@@ -93,23 +100,19 @@ fn all_logits(e: &Engine, ids: &[u32]) -> Vec<Vec<f32>> {
     flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
 }
 
-fn log_softmax(l: &[f32]) -> Vec<f64> {
-    let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let z = l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
-    l.iter().map(|&v| v as f64 - z).collect()
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let dir = int4_benches::model_dir_arg(&args, "fidelity");
     let new_tokens = if quick { 16 } else { 64 };
-    let load = |path: RunPath, group: GroupSize| {
+    let ref_dir = arg("--ref").map(std::path::PathBuf::from);
+    let load_from = |dir: &std::path::Path, path: RunPath, group: GroupSize| {
         let opts = LoadOptions { path, group_size: group, context: 4096, ..LoadOptions::default() };
-        Engine::load(&dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        Engine::load(dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
     };
-    let reference = load(RunPath::F32, GroupSize::G128);
+    let load = |path: RunPath, group: GroupSize| load_from(&dir, path, group);
+    let reference = load_from(ref_dir.as_deref().unwrap_or(&dir), RunPath::F32, GroupSize::G128);
     let mut cases = prompts(&reference);
     if quick {
         cases.truncate(4);
@@ -123,25 +126,37 @@ fn main() {
         .map(|((_, p), (t, _))| all_logits(&reference, &[p.as_slice(), t.as_slice()].concat()))
         .collect();
 
-    let paths = [
-        ("w4a16 g32", RunPath::W4a16, GroupSize::G32),
-        ("w4a16 g128", RunPath::W4a16, GroupSize::G128),
-        ("w4a8 g32", RunPath::W4a8, GroupSize::G32),
-        ("w4a8 g128", RunPath::W4a8, GroupSize::G128),
-        ("bf16", RunPath::Bf16, GroupSize::G128),
-    ];
-    println!("\n### Fidelity against the f32 path: {}\n", dir.file_name().unwrap_or_default().to_string_lossy());
+    let paths: &[(&str, RunPath, GroupSize)] = if ref_dir.is_some() {
+        &[
+            ("f32 (export decoded)", RunPath::F32, GroupSize::G128),
+            ("w4a16 (as stored)", RunPath::W4a16, GroupSize::G128),
+            ("w4a8 (as stored)", RunPath::W4a8, GroupSize::G128),
+        ]
+    } else {
+        &[
+            ("w4a16 g32", RunPath::W4a16, GroupSize::G32),
+            ("w4a16 g128", RunPath::W4a16, GroupSize::G128),
+            ("w4a8 g32", RunPath::W4a8, GroupSize::G32),
+            ("w4a8 g128", RunPath::W4a8, GroupSize::G128),
+            ("bf16", RunPath::Bf16, GroupSize::G128),
+        ]
+    };
+    let ref_name = ref_dir.as_deref().unwrap_or(&dir).file_name().unwrap_or_default().to_string_lossy().to_string();
+    println!(
+        "\n### Fidelity against the f32 path of {ref_name}: {}\n",
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    );
     println!(
         "| path | kernels (decode / prefill) | exact | mean prefix kept | first divergence (token, ref top-2 gap) per prompt | teacher-forced top-1 | mean KL (nats) |"
     );
     println!("|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
-    for (name, path, group) in paths {
+    for &(name, path, group) in paths {
         let e = load(path, group);
         let k = &e.model.kernels(64)[2];
         let (mut exact, mut kept, mut total) = (0, 0usize, 0usize);
         let mut divergences = Vec::new();
-        let (mut agree, mut positions, mut kl_sum) = (0usize, 0usize, 0.0f64);
+        let mut forced = Tally::default();
         for (i, (case, prompt)) in cases.iter().enumerate() {
             let (toks, _) = greedy(&e, prompt, new_tokens);
             let text = e.text.decode(&toks).expect("decode");
@@ -157,16 +172,12 @@ fn main() {
             let ids = [prompt.as_slice(), refs[i].0.as_slice()].concat();
             let got = all_logits(&e, &ids);
             for pos in prompt.len() - 1..ids.len() - 1 {
-                let (r, g) = (&ref_forced[i][pos], &got[pos]);
-                agree += usize::from(argmax(r) == argmax(g));
-                let (lr, lg) = (log_softmax(r), log_softmax(g));
-                kl_sum += lr.iter().zip(&lg).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
-                positions += 1;
+                let s = score_position(&ref_forced[i][pos], &got[pos], ids[pos + 1]);
+                forced.push(s.unwrap_or_else(|| panic!("{case}: non-finite logits at position {pos}")));
             }
         }
         let prefix = kept as f64 / total as f64;
-        let top1 = agree as f64 / positions as f64;
-        let kl = kl_sum / positions as f64;
+        let (positions, top1, kl) = (forced.positions, forced.top1_agreement(), forced.mean_kl());
         println!(
             "| {name} | {} / {} | {exact}/{} | {prefix:.4} | {} | {:.1}% of {positions} | {kl:.4} |",
             k.decode,
@@ -182,7 +193,8 @@ fn main() {
         }));
     }
     if let Some(path) = arg("--json") {
-        let doc = json!({"schema": "int4-fidelity/1", "model": dir, "reference": "f32", "new_tokens": new_tokens, "rows": rows});
+        let reference = ref_dir.as_ref().map_or_else(|| json!("f32"), |d| json!({"f32_of": d}));
+        let doc = json!({"schema": "int4-fidelity/1", "model": dir, "reference": reference, "new_tokens": new_tokens, "rows": rows});
         if let Some(d) = std::path::Path::new(&path).parent() {
             std::fs::create_dir_all(d).expect("json directory");
         }

@@ -2,8 +2,8 @@
 //!
 //! A thin layer over the `int4` library: `generate` (load a model directory on the path the policy picks and
 //! stream text), `probe` (the hardware probe and the plan for every checkpoint kind), `cache` (list,
-//! verify, clear and evict packed artifacts) and `quantize` (write a `cpu_int4` or GPTQ checkpoint once, to
-//! ship).
+//! verify, clear and evict packed artifacts), `quantize` (write a `cpu_int4` or GPTQ checkpoint once, to
+//! ship) and `eval` (a path's perplexity and agreement against an exact reference, teacher-forced).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,9 +11,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use int4::engine::{Engine, LoadOptions, Next, PackProgress, PackedFrom, RunPath};
+use int4::gptq::GptqOptions;
 use int4::layout::GroupSize;
 use int4::layout::grid::ScaleSearch;
-use int4::quantize::{ExportFormat, QuantizeOptions, QuantizeReport, quantize_checkpoint};
+use int4::quantize::{ExportFormat, Method, QuantizeOptions, QuantizeReport, quantize_checkpoint};
 use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
@@ -51,6 +52,40 @@ enum Command {
     Info(InfoArgs),
     /// Quantize an unquantized model directory into a 4-bit checkpoint (cpu_int4 or GPTQ), once, to ship.
     Quantize(QuantizeArgs),
+    /// Fidelity of a path against an exact reference, teacher-forced over a text: perplexity and top-1
+    /// accuracy of both, top-1 agreement and mean KL(ref ‖ path).
+    Eval(EvalArgs),
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    /// The model directory to evaluate.
+    model_dir: PathBuf,
+    /// The evaluated path: auto, w4a16, wna16, w4a8, bf16 or f32.
+    #[arg(long, default_value = "auto", value_parser = int4::eval::parse_path)]
+    path: RunPath,
+    /// Input channels per scale and zero when quantizing at load: 32, 64, 128 or 256 (a quantized
+    /// checkpoint keeps its own).
+    #[arg(long, alias = "group-size", default_value_t = 128)]
+    group: i64,
+    /// The reference path: bf16 or f32.
+    #[arg(long = "ref", value_parser = int4::eval::parse_reference)]
+    reference: RunPath,
+    /// The reference's model directory (default: MODEL_DIR), e.g. the original of a quantized export.
+    #[arg(long)]
+    ref_dir: Option<PathBuf>,
+    /// The evaluation text: a file, or a directory's eval-*.txt files (default: data/text in the current
+    /// directory).
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// Tokens per window (each window is one prefill in a fresh KV cache).
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Also write the report as JSON (schema int4-eval/1) to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 #[derive(clap::Args)]
@@ -85,6 +120,30 @@ struct QuantizeArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
+    /// How codes are chosen: rtn (round to nearest per group, no data) or gptq (second-order error
+    /// compensation over --calib text, on the same grids and into the same formats).
+    #[arg(long, value_enum, default_value_t = MethodArg::Rtn)]
+    method: MethodArg,
+    /// GPTQ's calibration text: a text file, or a directory whose .txt files are read in name order
+    /// (except eval-*.txt, held out for `int4 eval`); the repository's own is data/text.
+    #[arg(long)]
+    calib: Option<PathBuf>,
+    /// GPTQ: tokens per calibration sequence.
+    #[arg(long, default_value_t = 512)]
+    calib_seq: usize,
+    /// GPTQ: at most this many calibration tokens (the text is cut there; the default takes all of
+    /// data/text's calibration files, about 24k tokens).
+    #[arg(long, default_value_t = 32768)]
+    calib_tokens: usize,
+    /// GPTQ: dampening added to the Hessian's diagonal, as a fraction of its mean.
+    #[arg(long, default_value_t = 0.01)]
+    damp: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MethodArg {
+    Rtn,
+    Gptq,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -192,7 +251,14 @@ struct RunArgs {
     /// Which numerics to run.
     #[arg(long, value_enum, default_value = "auto")]
     path: PathArg,
-    /// Speed or fidelity (decides whether int8 activations are acceptable).
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Priority, threads and the cache: the options every command that loads a model shares.
+#[derive(clap::Args)]
+struct EngineArgs {
+    /// Speed or fidelity (decides, for --path auto, whether int8 activations are acceptable).
     #[arg(long, default_value = "speed")]
     priority: String,
     /// Worker threads (default: every core).
@@ -212,6 +278,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => report("chat", chat(a)),
         Command::Info(a) => report("info", info(a)),
         Command::Quantize(a) => report("quantize", quantize(a)),
+        Command::Eval(a) => report("eval", eval(a)),
     }
 }
 
@@ -281,8 +348,9 @@ fn load_options(path: PathArg, priority: Priority, context: usize, no_cache: boo
 
 /// Starts the thread pool, loads the model and prints the load's warnings.
 fn load_engine(dir: &std::path::Path, run: &RunArgs, context: usize) -> Result<Engine, Box<dyn std::error::Error>> {
-    start_threads(run.threads)?;
-    let engine = Engine::load(dir, &load_options(run.path, priority(&run.priority)?, context, run.no_cache))?;
+    let e = &run.engine;
+    start_threads(e.threads)?;
+    let engine = Engine::load(dir, &load_options(run.path, priority(&e.priority)?, context, e.no_cache))?;
     for w in &engine.warnings {
         eprintln!("[int4] warning: {w}");
     }
@@ -495,10 +563,60 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Cheap checks first, so a bad flag does not wait for two model loads.
+    int4::eval::check_ctx(a.ctx)?;
+    let group = GroupSize::from_checkpoint(a.group).map_err(|e| format!("--group {}: {e}", a.group))?;
+    let docs = int4::eval::read_text(a.text.as_deref())?;
+    start_threads(a.engine.threads)?;
+    let prio = priority(&a.engine.priority)?;
+    let load = |dir: &std::path::Path, path: RunPath| -> Result<Engine, Box<dyn std::error::Error>> {
+        let mut opts = load_options(PathArg::Auto, prio, a.ctx, a.engine.no_cache);
+        opts.path = path;
+        opts.group_size = group;
+        let engine = Engine::load(dir, &opts)?;
+        for w in &engine.warnings {
+            eprintln!("[int4] warning: {w}");
+        }
+        Ok(engine)
+    };
+    let reference = load(a.ref_dir.as_deref().unwrap_or(&a.model_dir), a.reference)?;
+    let evaluated = load(&a.model_dir, a.path)?;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("[int4] eval windows {bar:30} {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let result = int4::eval::evaluate(&evaluated, &reference, &docs, a.ctx, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    let r = result?;
+    print!("{}", r.markdown());
+    if let Some(path) = &a.json {
+        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        std::fs::write(path, serde_json::to_string_pretty(&r)? + "\n")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn quantize(a: QuantizeArgs) -> Result<(), Box<dyn std::error::Error>> {
     start_threads(a.threads)?;
     let group = GroupSize::from_checkpoint(a.group_size).map_err(|e| format!("--group-size {}: {e}", a.group_size))?;
+    if a.method == MethodArg::Rtn && a.calib.is_some() {
+        return Err("--calib is for --method gptq (round to nearest uses no data)".into());
+    }
     let opts = QuantizeOptions {
+        method: match a.method {
+            MethodArg::Rtn => Method::Rtn,
+            MethodArg::Gptq => Method::Gptq,
+        },
+        gptq: GptqOptions { calib: a.calib.clone(), seq_len: a.calib_seq, max_tokens: a.calib_tokens, damp: a.damp },
         format: match a.format {
             FormatArg::CpuInt4 => ExportFormat::CpuInt4,
             FormatArg::Gptq => ExportFormat::Gptq,
@@ -534,13 +652,27 @@ fn print_quantize_summary(r: &QuantizeReport) {
     let fmt_snr = |s: Option<f64>| s.map_or_else(|| "exact".to_string(), |v| format!("{v:.2}"));
     let format = r.checkpoint_format.as_deref().map_or(r.format.clone(), |c| format!("{} ({c})", r.format));
     println!(
-        "{} -> {}: {format}, group {}, {}, search {}",
+        "{} -> {}: {format}, group {}, {}, search {}, method {}",
         r.input.display(),
         r.output.display(),
         r.group_size,
         if r.format == "gptq" && r.sym { "symmetric" } else { "asymmetric" },
-        if r.search { "on" } else { "off" }
+        if r.search { "on" } else { "off" },
+        r.method
     );
+    if let Some(c) = &r.calibration {
+        println!(
+            "  calibration: {} tokens in {} sequences of up to {} from {} file(s), damp {}, {} ({:.1} s)",
+            c.tokens,
+            c.sequences,
+            c.seq_len,
+            c.files.len(),
+            c.damp,
+            if c.sequential { "sequential" } else { "one pass" },
+            c.seconds
+        );
+    }
+    let gptq = r.calibration.is_some();
     let mut kinds: Vec<(String, Vec<&int4::quantize::TensorReport>)> = Vec::new();
     for t in &r.tensors {
         let kind = t.name.rsplit('.').next().unwrap_or(&t.name).to_string();
@@ -549,14 +681,38 @@ fn print_quantize_summary(r: &QuantizeReport) {
             None => kinds.push((kind, vec![t])),
         }
     }
-    println!("  {:<10} {:>6} {:>14} {:>8} {:>10} {:>10}", "layer", "count", "shape", "bits/w", "SNR dB", "min dB");
+    if gptq {
+        println!(
+            "  {:<10} {:>6} {:>14} {:>8} {:>10} {:>10} {:>12} {:>12}",
+            "layer", "count", "shape", "bits/w", "SNR dB", "min dB", "out SNR dB", "RTN out dB"
+        );
+    } else {
+        println!("  {:<10} {:>6} {:>14} {:>8} {:>10} {:>10}", "layer", "count", "shape", "bits/w", "SNR dB", "min dB");
+    }
     for (kind, ts) in &kinds {
         let (s, e) = ts.iter().fold((0.0, 0.0), |(s, e), t| (s + t.signal, e + t.noise));
         let snr = int4::quantize::snr_db(s, e);
         let min = ts.iter().filter_map(|t| t.snr_db).min_by(f64::total_cmp);
         let bits: f64 = ts.iter().map(|t| t.bits_per_weight).sum::<f64>() / ts.len() as f64;
         let shape = format!("{}x{}", ts[0].shape[0], ts[0].shape[1]);
-        println!("  {kind:<10} {:>6} {shape:>14} {bits:>8.3} {:>10} {:>10}", ts.len(), fmt_snr(snr), fmt_snr(min));
+        if gptq {
+            // Mean over the layers of this kind of each layer's output SNR (dB), GPTQ and RTN on the same H.
+            let mean = |f: fn(&&int4::quantize::TensorReport) -> Option<f64>| {
+                let v: Vec<f64> = ts.iter().filter_map(f).collect();
+                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            };
+            let (out, base) = (mean(|t| t.output_snr_db), mean(|t| t.rtn_output_snr_db));
+            println!(
+                "  {kind:<10} {:>6} {shape:>14} {bits:>8.3} {:>10} {:>10} {:>12} {:>12}",
+                ts.len(),
+                fmt_snr(snr),
+                fmt_snr(min),
+                fmt_snr(out),
+                fmt_snr(base)
+            );
+        } else {
+            println!("  {kind:<10} {:>6} {shape:>14} {bits:>8.3} {:>10} {:>10}", ts.len(), fmt_snr(snr), fmt_snr(min));
+        }
     }
     let t = &r.totals;
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);

@@ -34,6 +34,11 @@
 //! tensor, never the model. Everything is written into a hidden directory beside `--out` and renamed into
 //! place at the end, so a killed run leaves a `.…tmp` directory, not a model that looks complete.
 //!
+//! **Two methods.** [`Method::Rtn`] (the default) rounds each group to nearest on its grid, layer by layer,
+//! with no data. [`Method::Gptq`] runs the model on calibration text and quantizes each layer with GPTQ's
+//! second-order error compensation ([`crate::gptq`]) on the same grids, into the same formats; the report
+//! then also gives each layer's output error over the calibration inputs, for GPTQ and for RTN.
+//!
 //! **The report measures what was written.** `quantization_report.json` gives, per quantized tensor, the SNR
 //! of the weights decoded from the bytes as stored (not the grid's in-memory result) against the source
 //! values in f32, and bits per weight (codes + scales + zero points).
@@ -46,7 +51,7 @@ use std::time::Instant;
 
 use half::f16;
 use int4_layout::gptq::{self, ZeroFormat};
-use int4_layout::grid::{self, ParamPrecision, ScaleSearch};
+use int4_layout::grid::{ParamPrecision, ScaleSearch};
 use int4_layout::{GroupSize, LayoutError, dequantize, rowmajor};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
@@ -54,6 +59,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::config::ModelConfig;
+use crate::gptq::{CalibrationReport, GptqError, GptqOptions, GridKind, GridSpec, LayerQuant, Solved, Target, Zeros};
 use crate::model::linear_specs;
 use crate::weights::Checkpoint;
 
@@ -76,9 +82,32 @@ impl ExportFormat {
     }
 }
 
+/// How the codes are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// Round to nearest per group (with the scale search), no data.
+    Rtn,
+    /// GPTQ: second-order error compensation over calibration text ([`crate::gptq`]).
+    Gptq,
+}
+
+impl Method {
+    /// `rtn` or `gptq`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Rtn => "rtn",
+            Method::Gptq => "gptq",
+        }
+    }
+}
+
 /// What to write.
 #[derive(Clone, Debug)]
 pub struct QuantizeOptions {
+    /// How codes are chosen (round to nearest, or GPTQ with [`QuantizeOptions::gptq`]).
+    pub method: Method,
+    /// GPTQ's calibration text and settings (used with [`Method::Gptq`]).
+    pub gptq: GptqOptions,
     /// The format.
     pub format: ExportFormat,
     /// Input channels per scale and zero.
@@ -101,6 +130,8 @@ impl QuantizeOptions {
     /// The defaults for `format`: group 128, symmetric, scale search on, head quantized, nothing ignored.
     pub fn new(format: ExportFormat) -> Self {
         QuantizeOptions {
+            method: Method::Rtn,
+            gptq: GptqOptions::default(),
             format,
             group: GroupSize::G128,
             asym: false,
@@ -205,6 +236,8 @@ pub enum QuantizeError {
         /// The problem.
         message: String,
     },
+    /// GPTQ could not run: no or empty calibration text, a bad option, a non-finite Hessian, …
+    Gptq(GptqError),
     /// Reading or writing a file failed.
     Io {
         /// The file.
@@ -251,6 +284,7 @@ impl std::fmt::Display for QuantizeError {
             ),
             QuantizeError::Output { path, message } => write!(f, "{}: {message}", path.display()),
             QuantizeError::Quantize { tensor, message } => write!(f, "{tensor}: {message}"),
+            QuantizeError::Gptq(e) => write!(f, "{e}"),
             QuantizeError::Io { path, source } => write!(f, "{}: {source}", path.display()),
         }
     }
@@ -260,8 +294,15 @@ impl std::error::Error for QuantizeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             QuantizeError::Io { source, .. } => Some(source),
+            QuantizeError::Gptq(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+impl From<GptqError> for QuantizeError {
+    fn from(e: GptqError) -> Self {
+        QuantizeError::Gptq(e)
     }
 }
 
@@ -300,6 +341,13 @@ pub struct TensorReport {
     pub search: bool,
     /// `cpu_int4`, `gptq` (v1, symmetric) or `gptq_v2` (asymmetric).
     pub format: String,
+    /// `rtn` or `gptq`.
+    pub method: String,
+    /// GPTQ only: `10·log10(tr(WHWᵀ) / tr(ΔHΔᵀ))`, the layer's output SNR over the calibration inputs
+    /// (`H = Σxᵀx` of its inputs, `Δ = W − Ŵ`): what GPTQ minimises. `None` without calibration.
+    pub output_snr_db: Option<f64>,
+    /// The same for round to nearest on the same grid and the same `H`, for comparison.
+    pub rtn_output_snr_db: Option<f64>,
 }
 
 /// One tensor copied as stored.
@@ -361,6 +409,10 @@ pub struct QuantizeReport {
     pub group_size: i64,
     /// Whether scale search was on.
     pub search: bool,
+    /// `rtn` or `gptq`.
+    pub method: String,
+    /// GPTQ only: the calibration text and settings.
+    pub calibration: Option<CalibrationReport>,
     /// What happened to the head.
     pub head: String,
     /// The linear layers left unquantized by `ignore`.
@@ -578,9 +630,6 @@ impl Drop for WorkDir {
 /// Bytes read or written per step when copying a tensor as stored.
 const COPY_CHUNK: usize = 8 << 20;
 
-/// Weights per parallel task when quantizing (whole rows).
-const TASK_WEIGHTS: usize = 1 << 16;
-
 /// Files of a model directory that are weights (never copied: the export writes its own).
 fn is_weights_file(name: &str) -> bool {
     let weights_ext = [".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx"];
@@ -632,6 +681,11 @@ pub fn quantize_checkpoint(
         });
     }
     let (parent, out_name) = check_output(input, out, opts.force)?;
+    // GPTQ's calibration text, read and tokenized before anything is written.
+    let calib = match opts.method {
+        Method::Rtn => None,
+        Method::Gptq => Some(crate::gptq::calibration_tokens(input, &opts.gptq)?),
+    };
 
     let ckpt = Checkpoint::open(input)
         .map_err(|e| QuantizeError::Input { path: PathBuf::from(e.context), message: e.message })?;
@@ -740,6 +794,32 @@ pub fn quantize_checkpoint(
             Job::Quantize { part, .. } => raw.get(&part.source).map_or(0, |t| t.len),
         })
         .sum();
+    // GPTQ: every quantized layer solved up front, sequentially through the model (its codes are then
+    // packed in file order like RTN's).
+    let (solved, calibration) = match calib {
+        None => (HashMap::new(), None),
+        Some((files, seqs)) => {
+            let targets: Vec<Target> = quantized
+                .iter()
+                .map(|p| Target {
+                    prefix: p.prefix.clone(),
+                    source: p.source.clone(),
+                    n: p.n,
+                    k: p.k,
+                    group: p.group.clone(),
+                })
+                .collect();
+            let tell = |done: usize, total: usize| {
+                if let Some(report) = progress {
+                    let msg = format!("GPTQ calibration: layer {done}/{total}");
+                    report(Progress { done: 0, total: jobs.len(), bytes_done: 0, bytes_total, tensor: &msg });
+                }
+            };
+            let (solved, rep) =
+                crate::gptq::calibrate(files, &seqs, &cfg, &ckpt, &targets, grid_spec(opts), &opts.gptq, Some(&tell))?;
+            (solved, Some(rep))
+        }
+    };
     let mut bytes_done = 0u64;
     let mut peak_rss = rss_anon_bytes();
     let mut tensors = Vec::new();
@@ -773,14 +853,15 @@ pub fn quantize_checkpoint(
                         return Err(nf.unwrap_or(QuantizeError::Tensor { tensor: e.context, message: e.message }));
                     }
                 };
-                let encoded = encode(&part.prefix, &w, part.n, part.k, opts)?;
+                let pre = solved.get(&part.prefix);
+                let encoded = encode(&part.prefix, &w, part.n, part.k, opts, pre.map(|s| &s.quant))?;
                 for (blob, &o) in encoded.blobs.iter().zip(outs) {
                     let at = data_start + outputs[o].offset;
                     debug_assert_eq!(blob.len() as u64, outputs[o].len, "{}", outputs[o].name);
                     write_at(&mut file, &model_path, at, blob)?;
                 }
                 peak_rss = peak_rss.max(rss_anon_bytes());
-                tensors.push(layer_report(part, src, &encoded, opts));
+                tensors.push(layer_report(part, src, &encoded, opts, pre));
                 bytes_done += src.len;
                 part.prefix.as_str()
             }
@@ -830,6 +911,8 @@ pub fn quantize_checkpoint(
         sym: opts.format == ExportFormat::Gptq && !opts.asym,
         group_size: opts.group.to_checkpoint(),
         search: opts.search == ScaleSearch::Shrink,
+        method: opts.method.name().into(),
+        calibration,
         head: head.into(),
         ignored: ignored_list,
         input: input.to_path_buf(),
@@ -1138,84 +1221,79 @@ fn transpose<T: Copy>(v: &[T], n: usize, g: usize) -> Vec<T> {
     (0..g * n).map(|i| v[(i % n) * g + i / n]).collect()
 }
 
-/// Quantizes `w` (`[n][k]`) and packs it in the export's format, then decodes the packed bytes to measure
-/// the SNR of what is stored. Rows are quantized in parallel in blocks; each row's result does not depend
-/// on the others, so the bytes are those of one call over the whole matrix.
-fn encode(tensor: &str, w: &[f32], n: usize, k: usize, opts: &QuantizeOptions) -> Result<Encoded> {
+/// The grid the export's format uses: the same for RTN and GPTQ.
+fn grid_spec(opts: &QuantizeOptions) -> GridSpec {
+    let (kind, precision) = match (opts.format, opts.asym) {
+        (ExportFormat::CpuInt4, _) => (GridKind::Asymmetric, ParamPrecision::F32),
+        (ExportFormat::Gptq, false) => (GridKind::Symmetric, ParamPrecision::F16),
+        (ExportFormat::Gptq, true) => (GridKind::IntegerZero, ParamPrecision::F16),
+    };
+    GridSpec { kind, group: opts.group, search: opts.search, precision }
+}
+
+/// Quantizes `w` (`[n][k]`) round to nearest (or takes GPTQ's result, `pre`) and packs it in the export's
+/// format, then decodes the packed bytes to measure the SNR of what is stored. RTN quantizes rows in
+/// parallel in blocks; each row's result does not depend on the others.
+fn encode(
+    tensor: &str,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    opts: &QuantizeOptions,
+    pre: Option<&LayerQuant>,
+) -> Result<Encoded> {
     let qerr = |e: LayoutError| QuantizeError::Quantize { tensor: tensor.to_string(), message: e.to_string() };
-    let (group, search) = (opts.group, opts.search);
+    let group = opts.group;
     let groups = group.groups(k);
-    let rows = (TASK_WEIGHTS / k).max(1);
-    match opts.format {
-        ExportFormat::CpuInt4 => {
-            let blocks = w
-                .par_chunks(rows * k)
-                .map(|c| {
-                    let q = grid::quantize_asymmetric(c, c.len() / k, k, group, search, ParamPrecision::F32)?;
-                    Ok((rowmajor::pack(&q.codes)?, q.params.scales().to_vec(), q.params.zeros().to_vec()))
-                })
-                .collect::<std::result::Result<Vec<_>, LayoutError>>()
-                .map_err(qerr)?;
-            let (mut packed, mut scale, mut zero) =
-                (Vec::with_capacity(n * k / 2), Vec::with_capacity(n * groups), Vec::with_capacity(n * groups));
-            for (p, s, z) in blocks {
-                packed.extend_from_slice(&p);
-                scale.extend_from_slice(&s);
-                zero.extend_from_slice(&z);
-            }
-            check_params(tensor, &scale)?;
-            check_params(tensor, &zero)?;
-            let blobs = vec![packed, f32_le(&scale), f32_le(&zero)];
+    let rtn;
+    let q = match pre {
+        Some(q) => q,
+        None => {
+            rtn = crate::gptq::rtn(w, n, k, grid_spec(opts)).map_err(qerr)?;
+            &rtn
+        }
+    };
+    if q.n != n || q.k != k || q.codes.len() != n * k || q.scales.len() != n * groups {
+        return Err(QuantizeError::Quantize {
+            tensor: tensor.to_string(),
+            message: format!("quantized as {} x {}, but the layer is {n} x {k}", q.n, q.k),
+        });
+    }
+    let codes = int4_layout::Codes::new(n, k, q.codes.clone()).map_err(qerr)?;
+    match (opts.format, &q.zeros) {
+        (ExportFormat::CpuInt4, Zeros::Float(zero)) => {
+            let packed = rowmajor::pack(&codes).map_err(qerr)?;
+            check_params(tensor, &q.scales)?;
+            check_params(tensor, zero)?;
+            let blobs = vec![packed, f32_le(&q.scales), f32_le(zero)];
             let stored = (n * k / 2 + 8 * n * groups) as u64;
             let (signal, noise) = snr_sums(w, n, k, |row, out| decode_cpu_int4_row(&blobs, row, k, group, out));
             Ok(Encoded { blobs, stored, signal, noise })
         }
-        ExportFormat::Gptq => {
+        (ExportFormat::Gptq, Zeros::Integer(zeros)) => {
             let zf = if opts.asym { ZeroFormat::V2 } else { ZeroFormat::V1 };
-            let blocks = w
-                .par_chunks(rows * k)
-                .map(|c| {
-                    let nc = c.len() / k;
-                    if opts.asym {
-                        let q = grid::quantize_integer_zero(c, nc, k, group, search, ParamPrecision::F16)?;
-                        Ok((gptq::pack_qweight(&q.codes)?, q.scales, q.zero_points))
-                    } else {
-                        let q = grid::quantize_symmetric(c, nc, k, group, search, ParamPrecision::F16)?;
-                        Ok((gptq::pack_qweight(&q.codes)?, q.params.scales().to_vec(), vec![8u8; nc * groups]))
-                    }
-                })
-                .collect::<std::result::Result<Vec<_>, LayoutError>>()
-                .map_err(qerr)?;
-            // Each block's qweight is `[K/8][rows]`: its columns go to the block's rows of `[K/8][N]`.
-            let mut qweight = vec![0i32; k / 8 * n];
-            let (mut scale, mut zeros) = (Vec::with_capacity(n * groups), Vec::with_capacity(n * groups));
-            let mut r0 = 0;
-            for (qw, s, z) in blocks {
-                let nc = s.len() / groups;
-                for r in 0..k / 8 {
-                    qweight[r * n + r0..r * n + r0 + nc].copy_from_slice(&qw[r * nc..(r + 1) * nc]);
-                }
-                scale.extend_from_slice(&s);
-                zeros.extend_from_slice(&z);
-                r0 += nc;
-            }
-            check_params(tensor, &scale)?;
-            let scales_gn = transpose(&scale, n, groups);
+            let qweight = gptq::pack_qweight(&codes).map_err(qerr)?;
+            check_params(tensor, &q.scales)?;
+            let scales_gn = transpose(&q.scales, n, groups);
             if let Some(i) = scales_gn.iter().position(|&s| !f16::from_f32(s).to_f32().is_finite()) {
                 return Err(QuantizeError::Quantize {
                     tensor: tensor.to_string(),
                     message: format!("scale {} (group {}, channel {}) overflows f16", scales_gn[i], i / n, i % n),
                 });
             }
-            let qzeros = gptq::pack_qzeros(&transpose(&zeros, n, groups), groups, n, zf).map_err(qerr)?;
+            let qzeros = gptq::pack_qzeros(&transpose(zeros, n, groups), groups, n, zf).map_err(qerr)?;
             let scale_bytes: Vec<u8> = scales_gn.iter().flat_map(|&s| f16::from_f32(s).to_le_bytes()).collect();
             let g_idx = gptq::default_g_idx(k, group);
             let blobs = vec![i32_le(&qweight), i32_le(&qzeros), scale_bytes, i32_le(&g_idx)];
-            drop((qweight, zeros, scale));
+            drop(qweight);
             let stored = (n * k / 2 + 4 * groups * n / 8 + 2 * groups * n) as u64;
             let (signal, noise) = snr_sums(w, n, k, |row, out| decode_gptq_row(&blobs, row, n, k, group, zf, out));
             Ok(Encoded { blobs, stored, signal, noise })
         }
+        _ => Err(QuantizeError::Quantize {
+            tensor: tensor.to_string(),
+            message: "the quantized zeros do not match the format (float zeros are cpu_int4's)".into(),
+        }),
     }
 }
 
@@ -1308,7 +1386,13 @@ pub fn snr_db(signal: f64, noise: f64) -> Option<f64> {
     (noise > 0.0).then(|| 10.0 * (signal / noise).log10())
 }
 
-fn layer_report(part: &LinearPart, src: &RawTensor, e: &Encoded, opts: &QuantizeOptions) -> TensorReport {
+fn layer_report(
+    part: &LinearPart,
+    src: &RawTensor,
+    e: &Encoded,
+    opts: &QuantizeOptions,
+    solved: Option<&Solved>,
+) -> TensorReport {
     let weights = (part.n * part.k) as f64;
     TensorReport {
         name: part.prefix.clone(),
@@ -1326,6 +1410,9 @@ fn layer_report(part: &LinearPart, src: &RawTensor, e: &Encoded, opts: &Quantize
             None => "cpu_int4".into(),
             Some(z) => z.as_checkpoint_format().into(),
         },
+        method: if solved.is_some() { Method::Gptq } else { Method::Rtn }.name().into(),
+        output_snr_db: solved.and_then(|s| s.output_snr_db),
+        rtn_output_snr_db: solved.and_then(|s| s.rtn_output_snr_db),
     }
 }
 
