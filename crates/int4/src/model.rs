@@ -687,6 +687,17 @@ impl Model {
         layers + embed + self.head.weight_bytes()
     }
 
+    /// Bytes of weights one decode step reads: every linear once (less prefill-only copies) and the head;
+    /// the embedding lookup reads one row, which is not counted.
+    pub fn decode_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| l.qkv.decode_bytes() + l.o.decode_bytes() + l.gate_up.decode_bytes() + l.down.decode_bytes())
+            .sum();
+        layers + self.head.decode_bytes()
+    }
+
     fn embed_row(&self, token: u32, out: &mut [f32]) -> Result<()> {
         let h = self.cfg.hidden_size;
         let t = token as usize;
