@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::isa::{Avx2Fma, IsaCaps};
+use crate::isa::{Avx2Fma, Avx512Bf16, IsaCaps};
 
 /// Reads every byte of `buf` once, split over the current rayon pool in contiguous chunks (as the kernels
 /// split their weights), and returns a checksum so the reads cannot be optimised away.
@@ -96,4 +96,46 @@ unsafe fn fma_loop_avx2(iters: u64, seed: f32) -> f32 {
     // SAFETY: `lanes` is 32 writable bytes.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
     lanes.iter().sum()
+}
+
+/// Runs `iters` iterations of a loop of 12 independent `vdpbf16ps` chains (16 lanes, two products each) on
+/// every thread of the current pool and returns the floating-point operations done (4 per lane per
+/// instruction) and a checksum: the bf16 peak the W4A16 prefill's GEMM can at best reach. 0 operations if
+/// this process has no AVX512-BF16.
+pub fn bf16_peak(iters: u64) -> (u64, f32) {
+    let Some(tok) = Avx512Bf16::with_caps(IsaCaps::process()) else {
+        return (0, 0.0);
+    };
+    let threads = rayon::current_num_threads();
+    let sum: f32 = (0..threads).into_par_iter().map(|t| bf16_loop(tok, iters, t as f32)).sum();
+    (iters * 12 * 16 * 4 * threads as u64, sum)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn bf16_loop(_tok: Avx512Bf16, iters: u64, seed: f32) -> f32 {
+    // SAFETY: `Avx512Bf16` proves AVX-512 F/BW/VL and BF16; the loop touches no memory.
+    unsafe { bf16_loop_avx512(iters, seed) }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn bf16_loop(_tok: Avx512Bf16, _iters: u64, seed: f32) -> f32 {
+    seed
+}
+
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL and AVX512-BF16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn bf16_loop_avx512(iters: u64, seed: f32) -> f32 {
+    use std::arch::x86_64::*;
+    // Small operands so the sums stay finite: 2⁻⁸ · 2⁻⁸ per product.
+    let a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1.0 / 256.0), _mm512_set1_ps(1.0 / 256.0));
+    let mut acc = [_mm512_set1_ps(seed); 12];
+    for _ in 0..iters {
+        for c in acc.iter_mut() {
+            *c = _mm512_dpbf16_ps(*c, a, a);
+        }
+    }
+    let v = acc.iter().fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c));
+    _mm512_reduce_add_ps(v)
 }

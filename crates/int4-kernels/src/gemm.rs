@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use crate::isa::Avx2Fma;
+use crate::isa::{Avx2Fma, Avx512Bf16};
 use crate::portable;
 
 /// Input channels per panel.
@@ -71,6 +71,149 @@ pub(crate) fn panel_gemm(
             k0 = k1;
         }
     });
+}
+
+/// Activation rows per bf16 microkernel call: with two lane groups per call, twelve independent
+/// `vdpbf16ps` accumulator chains, enough to cover its latency.
+pub const MR_BF16: usize = 6;
+
+/// Activations rounded to bf16 for [`panel_gemm_bf16`]: `[m][bf16_stride(k)]` pairs, each row padded with
+/// zeros after its `ceil(k/2)` pairs.
+pub(crate) fn bf16_rows(tok: Avx512Bf16, x: &[f32], m: usize, k: usize) -> Vec<u32> {
+    assert_eq!(x.len(), m * k);
+    let lda = bf16_stride(k);
+    let mut out = vec![0u32; m * lda];
+    for (row, dst) in x.chunks_exact(k).zip(out.chunks_exact_mut(lda)) {
+        to_bf16_checked(tok, row, dst);
+    }
+    out
+}
+
+/// The row stride of [`bf16_rows`], in pairs: `ceil(k/2)` plus one cache line, so that the rows a
+/// microkernel reads together never sit a multiple of 4 KiB apart (which would put them all in one L1 set:
+/// at K = 2048 the unpadded rows are exactly 4 KiB apart).
+pub(crate) fn bf16_stride(k: usize) -> usize {
+    k.div_ceil(2) + 16
+}
+
+/// The same GEMM as [`panel_gemm`] on bf16: each f32 panel `produce` writes is rounded to bf16 pairs
+/// (`[kc/2][16][2]`) and multiplied by `vdpbf16ps` against the activation pairs `xb` (from
+/// [`bf16_rows`], rows [`bf16_stride`] apart). K chunks ([`KC`], even, so pairs never straddle one) in order; threads split N.
+pub(crate) fn panel_gemm_bf16(
+    tok: Avx512Bf16,
+    xb: &[u32],
+    m: usize,
+    k: usize,
+    tiles: &mut [f32],
+    produce: &PanelProducer<'_>,
+) {
+    const { assert!(KC.is_multiple_of(2)) };
+    let kp = bf16_stride(k);
+    assert_eq!(xb.len(), m * kp);
+    assert_eq!(tiles.len() % (m * 16), 0);
+    tiles.par_chunks_mut(m * 16 * LANES_PER_TASK).enumerate().for_each(|(task, tiles)| {
+        let lg0 = task * LANES_PER_TASK;
+        let lanes = tiles.len() / (m * 16);
+        let mut f32_panel = vec![0.0f32; KC.min(k) * 16];
+        let mut panels = vec![0u16; lanes * KC.min(k).div_ceil(2) * 32];
+        let mut k0 = 0;
+        while k0 < k {
+            let k1 = (k0 + KC).min(k);
+            let (kc, kpc) = (k1 - k0, (k1 - k0).div_ceil(2));
+            for (l, panel) in panels.chunks_exact_mut(kpc * 32).take(lanes).enumerate() {
+                produce(lg0 + l, k0, k1, &mut f32_panel[..kc * 16]);
+                pack_bf16_checked(tok, &f32_panel[..kc * 16], kc, panel);
+            }
+            let mut r0 = 0;
+            while r0 < m {
+                let mr = MR_BF16.min(m - r0);
+                let a = &xb[r0 * kp + k0 / 2..];
+                // Lane groups two at a time (sharing each activation broadcast), an odd last one alone.
+                let mut l = 0;
+                while l < lanes {
+                    let width = if l + 1 < lanes { 2 } else { 1 };
+                    let (pl, tl) = (&panels[l * kpc * 32..(l + width) * kpc * 32], &mut tiles[l * m * 16..]);
+                    bf16_microkernel(tok, mr, kpc, a, kp, pl, tl, m, r0, width);
+                    l += width;
+                }
+                r0 += mr;
+            }
+            k0 = k1;
+        }
+    });
+}
+
+/// Rounds `row` to bf16 into `dst` (as u16 pairs), after checking the lengths.
+fn to_bf16_checked(_tok: Avx512Bf16, row: &[f32], dst: &mut [u32]) {
+    assert!(dst.len() * 2 >= row.len());
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `Avx512Bf16` proves AVX-512 F/BW/VL and BF16; `row` is readable for its length and `dst`
+    // writable for at least as many u16 (checked above).
+    unsafe {
+        crate::x86_64::avx512::to_bf16(row.as_ptr(), row.len(), dst.as_mut_ptr().cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no Avx512Bf16 token exists off x86-64");
+}
+
+/// Packs one f32 panel `[kc][16]` into bf16 pairs after checking the lengths.
+fn pack_bf16_checked(_tok: Avx512Bf16, panel: &[f32], kc: usize, out: &mut [u16]) {
+    assert!(panel.len() >= kc * 16 && out.len() >= kc.div_ceil(2) * 32);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `Avx512Bf16` proves AVX-512 F/BW/VL and BF16; the assert gives the kc·16 floats read and the
+    // ceil(kc/2)·32 u16 written.
+    unsafe {
+        crate::x86_64::avx512::pack_bf16_pairs(panel.as_ptr(), kc, out.as_mut_ptr())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no Avx512Bf16 token exists off x86-64");
+}
+
+/// Calls the bf16 microkernel for rows `r0..r0 + mr` of `width` (1 or 2) consecutive lane groups, after
+/// checking every range it will touch: `panels` holds their `[kp][32]` panels back to back, `tiles` starts
+/// at the first one's `[m][16]` tile (the next follows it).
+#[allow(clippy::too_many_arguments)]
+fn bf16_microkernel(
+    _tok: Avx512Bf16,
+    mr: usize,
+    kp: usize,
+    a: &[u32],
+    lda: usize,
+    panels: &[u16],
+    tiles: &mut [f32],
+    m: usize,
+    r0: usize,
+    width: usize,
+) {
+    assert!((1..=MR_BF16).contains(&mr) && (1..=2).contains(&width) && r0 + mr <= m);
+    assert!(a.len() >= (mr - 1) * lda + kp, "activation rows out of range");
+    assert!(panels.len() >= width * kp * 32 && tiles.len() >= (width - 1) * m * 16 + (r0 + mr) * 16);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::x86_64::avx512::gemm_microkernel_bf16 as mk;
+        let a = a.as_ptr();
+        let p = [panels.as_ptr(), panels[kp * 32 * (width - 1)..].as_ptr()];
+        let t0 = tiles[r0 * 16..].as_mut_ptr();
+        // SAFETY: `Avx512Bf16` proves AVX-512 F/BW/VL and BF16. The asserts give every range the
+        // microkernel reads (a[r·lda + p] for r < mr, p < kp; kp·32 u16 of each of `width` panels) and
+        // reads and writes (rows r0..r0 + mr of each of `width` tiles, m·16 floats apart). With width 1
+        // only the first panel and tile are passed.
+        unsafe {
+            let t = [t0, t0.add(m * 16 * (width - 1))];
+            macro_rules! go {
+                ($($r:literal)*) => {
+                    match (mr, width) {
+                        $(($r, 2) => mk::<$r, 2>(kp, a, lda, p, t),)*
+                        $(($r, _) => mk::<$r, 1>(kp, a, lda, [p[0]], [t[0]]),)*
+                        _ => unreachable!("mr is in 1..=MR_BF16"),
+                    }
+                };
+            }
+            go!(1 2 3 4 5 6)
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no Avx512Bf16 token exists off x86-64");
 }
 
 /// Calls the AVX2 microkernel for `mr` rows after checking every range it will touch.

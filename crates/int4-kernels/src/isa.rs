@@ -234,7 +234,13 @@ impl IsaCaps {
 
     /// The highest level whose W4A16 kernels this process can run (given what this crate implements).
     pub fn effective_level(&self) -> IsaLevel {
-        if Avx2Fma::with_caps(self).is_some() { IsaLevel::Avx2 } else { IsaLevel::Portable }
+        if Avx512::with_caps(self).is_some() {
+            IsaLevel::Avx512
+        } else if Avx2Fma::with_caps(self).is_some() {
+            IsaLevel::Avx2
+        } else {
+            IsaLevel::Portable
+        }
     }
 }
 
@@ -255,6 +261,57 @@ impl Avx2Fma {
     /// The token, if the live CPU has AVX2 and FMA and `caps` allows them.
     pub fn with_caps(caps: &IsaCaps) -> Option<Self> {
         (caps.usable(Feature::Avx2) && caps.usable(Feature::Fma)).then_some(Avx2Fma { _private: () })
+    }
+}
+
+/// Proof that the live CPU supports AVX-512 F/BW/VL (with AVX2 and FMA) and that the caps allow them: the
+/// W4A16 AVX-512 decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Avx512 {
+    avx2: Avx2Fma,
+}
+
+impl Avx512 {
+    /// The token, if the live CPU has AVX-512 F/BW/VL, AVX2 and FMA and the process caps allow them.
+    pub fn new() -> Option<Self> {
+        Self::with_caps(IsaCaps::process())
+    }
+
+    /// The token, if the live CPU has AVX-512 F/BW/VL, AVX2 and FMA and `caps` allows them.
+    pub fn with_caps(caps: &IsaCaps) -> Option<Self> {
+        let avx2 = Avx2Fma::with_caps(caps)?;
+        caps.usable(Feature::Avx512).then_some(Avx512 { avx2 })
+    }
+
+    /// The AVX2 + FMA token every AVX-512 host has.
+    pub fn avx2(self) -> Avx2Fma {
+        self.avx2
+    }
+}
+
+/// Proof that the live CPU supports AVX-512 F/BW/VL with AVX512-BF16 (`vdpbf16ps`, `vcvtne2ps2bf16`) and
+/// that the caps allow them: the bf16 GEMM of the W4A16 prefill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Avx512Bf16 {
+    avx512: Avx512,
+}
+
+impl Avx512Bf16 {
+    /// The token, if the live CPU has AVX-512 F/BW/VL and BF16 (with AVX2 and FMA) and the process caps
+    /// allow them.
+    pub fn new() -> Option<Self> {
+        Self::with_caps(IsaCaps::process())
+    }
+
+    /// The token, if the live CPU has AVX-512 F/BW/VL and BF16 (with AVX2 and FMA) and `caps` allows them.
+    pub fn with_caps(caps: &IsaCaps) -> Option<Self> {
+        let avx512 = Avx512::with_caps(caps)?;
+        caps.usable(Feature::Avx512Bf16).then_some(Avx512Bf16 { avx512 })
+    }
+
+    /// The AVX-512 token it implies.
+    pub fn avx512(self) -> Avx512 {
+        self.avx512
     }
 }
 

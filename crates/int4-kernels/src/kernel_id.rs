@@ -7,12 +7,18 @@ use std::fmt;
 pub enum KernelId {
     /// W4A16 decode GEMV over the tinygemm layout, AVX2 + FMA.
     W4a16DecodeAvx2,
+    /// W4A16 decode GEMV over the tinygemm layout, AVX-512 (two lane groups per pass, `vpermps` lookup).
+    W4a16DecodeAvx512,
     /// W4A16 decode, portable Rust over the tinygemm layout.
     W4a16DecodePortable,
     /// W4A16 prefill: dequantize straight from the tinygemm layout to bf16 panels, f32-FMA GEMM, AVX2.
     W4a16PrefillDirectAvx2,
     /// W4A16 prefill from the split-halves planes (`direct_dequant: false`), AVX2.
     W4a16PrefillHalvesAvx2,
+    /// W4A16 prefill: dequantize straight from the tinygemm layout, round to bf16 pairs, `vdpbf16ps` GEMM.
+    W4a16PrefillDirectAvx512Bf16,
+    /// W4A16 prefill from the split-halves planes (`direct_dequant: false`), `vdpbf16ps` GEMM.
+    W4a16PrefillHalvesAvx512Bf16,
     /// W4A16 prefill, portable Rust.
     W4a16PrefillPortable,
     /// W4A16 prefill: dequantize straight from the tinygemm layout to bf16 B tiles, AMX `tdpbf16ps`.
@@ -44,9 +50,12 @@ impl KernelId {
     pub fn name(self) -> &'static str {
         match self {
             KernelId::W4a16DecodeAvx2 => "w4a16-decode-avx2",
+            KernelId::W4a16DecodeAvx512 => "w4a16-decode-avx512",
             KernelId::W4a16DecodePortable => "w4a16-decode-portable",
             KernelId::W4a16PrefillDirectAvx2 => "w4a16-prefill-direct-avx2",
             KernelId::W4a16PrefillHalvesAvx2 => "w4a16-prefill-halves-avx2",
+            KernelId::W4a16PrefillDirectAvx512Bf16 => "w4a16-prefill-direct-avx512bf16",
+            KernelId::W4a16PrefillHalvesAvx512Bf16 => "w4a16-prefill-halves-avx512bf16",
             KernelId::W4a16PrefillPortable => "w4a16-prefill-portable",
             KernelId::W4a16PrefillAmxBf16 => "w4a16-prefill-amx-bf16",
             KernelId::Wna16Portable => "wna16-portable",

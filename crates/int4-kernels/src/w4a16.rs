@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use crate::bytes::SharedBytes;
 use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::gemm::{self, Engine};
-use crate::isa::{AmxBf16, Avx2Fma, IsaCaps, IsaLevel};
+use crate::isa::{AmxBf16, Avx2Fma, Avx512, Avx512Bf16, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::portable;
 use crate::w4a8::tile::{TileConfig, TileError, TileUnit};
@@ -326,6 +326,10 @@ pub struct W4A16Linear {
     engine: Engine,
     /// AMX-BF16 tiles for the direct prefill, where the CPU has them (decode stays on `engine`).
     amx: Option<AmxBf16>,
+    /// The AVX-512 decode, where the CPU has it.
+    avx512: Option<Avx512>,
+    /// The `vdpbf16ps` prefill, where the CPU has AVX512-BF16 (else the prefill runs on `engine`).
+    bf16: Option<Avx512Bf16>,
 }
 
 impl W4A16Linear {
@@ -344,6 +348,8 @@ impl W4A16Linear {
         let engine = Avx2Fma::with_caps(caps).map_or(Engine::Portable, Engine::Avx2);
         let mut layer = Self::build(weights, bias, config, engine)?;
         layer.amx = AmxBf16::with_caps(caps);
+        layer.avx512 = Avx512::with_caps(caps);
+        layer.bf16 = Avx512Bf16::with_caps(caps);
         Ok(layer)
     }
 
@@ -365,10 +371,16 @@ impl W4A16Linear {
                 }))?)
             }
             IsaLevel::Avx512 => {
-                return Err(KernelError::new(KernelErrorKind::Unavailable {
-                    kernel: "w4a16-avx512",
-                    missing: "this build has no AVX-512 W4A16 kernels yet",
-                }));
+                let tok = Avx512::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
+                    kernel: "w4a16-decode-avx512",
+                    missing: "AVX-512 F/BW/VL, AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
+                }))?;
+                let mut layer = Self::build(weights, bias, config, Engine::Avx2(tok.avx2()))?;
+                layer.avx512 = Some(tok);
+                // The bf16 prefill where the CPU (and the caps) have BF16; AVX-512 without it (or with
+                // `INT4_DISABLE=avx512bf16`) keeps the f32-FMA prefill.
+                layer.bf16 = Avx512Bf16::with_caps(caps);
+                return Ok(layer);
             }
             IsaLevel::Amx => {
                 let tok = AmxBf16::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
@@ -398,7 +410,7 @@ impl W4A16Linear {
                     .into(),
             )));
         }
-        Ok(W4A16Linear { weights, bias, config, engine, amx: None })
+        Ok(W4A16Linear { weights, bias, config, engine, amx: None, avx512: None, bf16: None })
     }
 
     /// The weights.
@@ -415,6 +427,16 @@ impl W4A16Linear {
     pub fn kernel_for(&self, m: usize) -> KernelId {
         if m >= self.config.dequant_threshold && self.config.direct_dequant && self.amx.is_some() {
             return KernelId::W4a16PrefillAmxBf16;
+        }
+        if m < self.config.dequant_threshold && self.avx512.is_some() {
+            return KernelId::W4a16DecodeAvx512;
+        }
+        if m >= self.config.dequant_threshold && self.bf16.is_some() {
+            return if self.config.direct_dequant {
+                KernelId::W4a16PrefillDirectAvx512Bf16
+            } else {
+                KernelId::W4a16PrefillHalvesAvx512Bf16
+            };
         }
         match (m >= self.config.dequant_threshold, self.engine, self.config.direct_dequant) {
             (false, Engine::Avx2(_), _) => KernelId::W4a16DecodeAvx2,
@@ -454,6 +476,12 @@ impl W4A16Linear {
         let groups = w.group.groups(k);
         let xs = portable::group_sums(x, m, k, g_len);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
+        if let Some(tok) = self.avx512 {
+            self.decode_avx512(tok, x, m, &xs, &mut tiles);
+            let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
+            gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+            return Ok(());
+        }
         // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
         let min_lanes = (65536 / (16 * k)).max(1);
         tiles.par_chunks_mut(m * 16).with_min_len(min_lanes).enumerate().for_each(|(lg, tile)| {
@@ -474,6 +502,54 @@ impl W4A16Linear {
         let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
         Ok(())
+    }
+
+    /// The AVX-512 decode into `tiles` (`[lanes][m][16]`), four lane groups per task: a full 64-channel
+    /// block's four side by side in one pass (each byte read once), else neighbours in pairs (a tinygemm
+    /// layout stores lane groups `h` and `h + 1` of a block side by side), else one alone.
+    fn decode_avx512(&self, tok: Avx512, x: &[f32], m: usize, xs: &[f32], tiles: &mut [f32]) {
+        let w = &self.weights;
+        let k = w.k;
+        let g_len = w.group.len(k);
+        let groups = w.group.groups(k);
+        // Whether lane group `i + 1` lies right after `i` (same stride, the next eight bytes).
+        let next_to = |i: usize| {
+            let (a, b) = (&w.lanes[i], &w.lanes[i + 1]);
+            b.offset == a.offset + 8 && b.stride == a.stride
+        };
+        let min_tasks = (65536 / (64 * k)).max(1);
+        tiles.par_chunks_mut(4 * m * 16).with_min_len(min_tasks).enumerate().for_each(|(t, chunk)| {
+            let first = 4 * t;
+            let count = chunk.len() / (m * 16);
+            let mut r0 = 0;
+            while r0 < m {
+                let mr = DECODE_ROWS.min(m - r0);
+                let (xr, xsr) = (&x[r0 * k..], &xs[r0 * groups..]);
+                let mut i = 0;
+                while i < count {
+                    let lg = first + i;
+                    // Four side by side (only for few rows: four pairs of accumulators per row), two, or one.
+                    let width = if mr <= 2 && i + 4 <= count && (0..3).all(|d| next_to(lg + d)) {
+                        4
+                    } else if i + 2 <= count && next_to(lg) {
+                        2
+                    } else {
+                        1
+                    };
+                    let l = &w.lanes[lg];
+                    let len = (k - 1) * l.stride + 8 * width;
+                    let bytes = &w.packed[l.offset..l.offset + len];
+                    let sz: Vec<&[f32]> = (0..width).map(|d| w.lane_sz(lg + d)).collect();
+                    let mut rows: Vec<&mut [f32]> = chunk[i * m * 16..(i + width) * m * 16]
+                        .chunks_exact_mut(m * 16)
+                        .map(|tile| &mut tile[r0 * 16..(r0 + mr) * 16])
+                        .collect();
+                    decode_avx512_checked(tok, mr, xr, k, xsr, bytes, l.stride, &sz, g_len, &mut rows);
+                    i += width;
+                }
+                r0 += mr;
+            }
+        });
     }
 
     /// Runs the prefill kernel for any `m` (the threshold is not consulted).
@@ -497,14 +573,17 @@ impl W4A16Linear {
                 Engine::Portable => portable::dequant_panel(lb, stride, sz, k0, k1, g_len, panel),
             }
         };
-        match (&w.halves, self.config.direct_dequant) {
-            (Some(h), false) => {
-                let from_halves = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
-                    halves_panel(h, w, &w.lanes[lg].channels, k0, k1, panel)
-                };
-                gemm::panel_gemm(engine, x, m, k, &mut tiles, &from_halves);
+        let from_halves = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
+            if let Some(h) = &w.halves {
+                halves_panel(h, w, &w.lanes[lg].channels, k0, k1, panel)
             }
-            _ => gemm::panel_gemm(engine, x, m, k, &mut tiles, &direct),
+        };
+        let produce: &gemm::PanelProducer<'_> =
+            if self.config.direct_dequant || w.halves.is_none() { &direct } else { &from_halves };
+        match self.bf16 {
+            // The same exact f32 panels, rounded to bf16 pairs, against bf16 activations.
+            Some(tok) => gemm::panel_gemm_bf16(tok, &gemm::bf16_rows(tok, x, m, k), m, k, &mut tiles, produce),
+            None => gemm::panel_gemm(engine, x, m, k, &mut tiles, produce),
         }
         let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
@@ -685,6 +764,59 @@ fn decode_avx2_checked(
             _ => d::<4, 1>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
         }
     }
+}
+
+/// Calls the AVX-512 decode for `mr` rows of `tiles.len()` (1, 2 or 4) side-by-side lane groups after
+/// checking every range it touches: `bytes` starts at the first lane group's offset and holds
+/// `8·tiles.len()` bytes per input channel at `stride`; `sz[i]` and `tiles[i]` are lane group `i`'s
+/// parameters and tile rows. Off x86-64 no `Avx512` token can exist, so this is never reached there.
+#[allow(clippy::too_many_arguments)]
+fn decode_avx512_checked(
+    _tok: Avx512,
+    mr: usize,
+    x: &[f32],
+    k: usize,
+    xs: &[f32],
+    bytes: &[u8],
+    stride: usize,
+    sz: &[&[f32]],
+    g_len: usize,
+    tiles: &mut [&mut [f32]],
+) {
+    let groups = k.div_ceil(g_len);
+    let width = tiles.len();
+    assert!((1..=DECODE_ROWS).contains(&mr) && matches!(width, 1 | 2 | 4) && sz.len() == width);
+    assert!(x.len() >= (mr - 1) * k + k && xs.len() >= mr * groups);
+    assert!(bytes.len() >= (k - 1) * stride + 8 * width);
+    assert!(sz.iter().all(|p| p.len() >= groups * 32) && tiles.iter().all(|t| t.len() >= mr * 16));
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::x86_64::avx512::decode_lanes as d;
+        let (xp, xsp, bp) = (x.as_ptr(), xs.as_ptr(), bytes.as_ptr());
+        // Unused slots repeat lane group 0's pointers; the kernel never touches them for this width.
+        let s: [*const f32; 4] = std::array::from_fn(|i| sz[i.min(width - 1)].as_ptr());
+        let t: [*mut f32; 4] = std::array::from_fn(|i| tiles[i.min(width - 1)].as_mut_ptr());
+        // SAFETY: `Avx512` proves AVX-512 F/BW/VL, AVX2 and FMA on this CPU. The asserts give every range
+        // `decode_lanes` reads (x rows r < mr of k floats at stride k; xs[r·groups + g]; 8·width bytes at
+        // kk·stride for kk < k; 32 floats per group of each of the width lane groups' parameters) and writes
+        // (mr rows of 16 floats of each of the width tiles): C pairs = width / 2, or HALF for width 1.
+        unsafe {
+            match (mr, width) {
+                (1, 4) => d::<1, 2, 2, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (_, 4) => d::<2, 1, 2, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (1, 2) => d::<1, 4, 1, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (2, 2) => d::<2, 2, 1, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (3, 2) => d::<3, 1, 1, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (_, 2) => d::<4, 1, 1, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (1, _) => d::<1, 4, 1, true>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (2, _) => d::<2, 2, 1, true>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (3, _) => d::<3, 1, 1, true>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (_, _) => d::<4, 1, 1, true>(xp, k, xsp, bp, stride, s, k, g_len, t),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no Avx512 token exists off x86-64");
 }
 
 /// Calls the AVX2 panel dequantization after checking its ranges (off x86-64, the portable loop).

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, assert_within, layer, runnable_variants};
+use common::{Rng, W4A16_VARIANTS, assert_within, layer, runnable_variants_of};
 use int4_kernels::budget::{Budget, magnitudes_w4, magnitudes_w4_decode};
 use int4_kernels::bytes::SharedBytes;
 use int4_kernels::isa::{IsaCaps, IsaLevel};
@@ -23,7 +23,28 @@ fn build(
 ) -> W4A16Linear {
     let weights = W4A16Weights::new(codes, params.clone(), block, direct).unwrap();
     let config = W4A16Config { direct_dequant: direct, ..W4A16Config::default() };
-    W4A16Linear::forced(weights, bias, config, level, &IsaCaps::unrestricted()).unwrap()
+    // The process caps: `INT4_DISABLE=avx512bf16` then runs the AVX-512 variant with the f32-FMA prefill.
+    W4A16Linear::forced(weights, bias, config, level, IsaCaps::process()).unwrap()
+}
+
+/// The prefill's error budget for `lin`'s prefill kernel: f32 accumulation of the exact weights, or, for
+/// the `vdpbf16ps` GEMM, weights and activations rounded to bf16 (plus one smallest normal per product for
+/// the denormals it flushes), as for the AMX-BF16 tiles below.
+fn prefill_bound(lin: &W4A16Linear, k: usize, mu: f64, bias: f64) -> f64 {
+    match lin.kernel_for(lin.config().dequant_threshold) {
+        KernelId::W4a16PrefillDirectAvx512Bf16 | KernelId::W4a16PrefillHalvesAvx512Bf16 => {
+            Budget::BF16_BOTH.bound(k, mu, bias) + k as f64 * f64::from(f32::MIN_POSITIVE)
+        }
+        _ => Budget::F32_ACCUMULATE.bound(k, mu, bias),
+    }
+}
+
+/// Whether `lin`'s prefill rounds weights and activations to bf16.
+fn bf16_prefill(lin: &W4A16Linear) -> bool {
+    matches!(
+        lin.kernel_for(lin.config().dequant_threshold),
+        KernelId::W4a16PrefillDirectAvx512Bf16 | KernelId::W4a16PrefillHalvesAvx512Bf16
+    )
 }
 
 /// The AMX-BF16 prefill's tiling on the tile emulator (hardware, where an AMX-BF16 host runs this, through
@@ -94,7 +115,7 @@ fn amx_bf16_prefill_tiling_is_within_its_budget_on_the_tile_emulator() {
 /// direct-dequant prefill and split-halves prefill each run directly and must stay within their budgets.
 #[test]
 fn w4a16_kernels_match_the_reference_on_the_shape_corpus() {
-    let variants = runnable_variants("w4a16 corpus");
+    let variants = runnable_variants_of("w4a16 corpus", &W4A16_VARIANTS);
     let mut rng = Rng::new(1);
     let mut cases = 0;
     for (ni, &n) in TEST_N.iter().enumerate() {
@@ -126,7 +147,7 @@ fn w4a16_kernels_match_the_reference_on_the_shape_corpus() {
                     });
                     lin.prefill(&x, m, &mut out).unwrap();
                     assert_within(&format!("prefill (halves) {what}"), &out, &want, |i| {
-                        Budget::F32_ACCUMULATE.bound(k, mu[i], b(i))
+                        prefill_bound(&lin, k, mu[i], b(i))
                     });
                     let direct = build(&codes, &params, block, true, bias.clone(), v.level);
                     let mut out2 = vec![f32::NAN; m * n];
@@ -145,7 +166,7 @@ fn w4a16_kernels_match_the_reference_on_the_shape_corpus() {
 /// Every group size on a K that none divides, for both block widths, decode and prefill.
 #[test]
 fn every_group_size_with_a_partial_last_group() {
-    let variants = runnable_variants("w4a16 group sizes");
+    let variants = runnable_variants_of("w4a16 group sizes", &W4A16_VARIANTS);
     let mut rng = Rng::new(2);
     let (n, k, m) = (80, 200, 5);
     for group in TEST_GROUPS.into_iter().chain([GroupSize::PerChannel]) {
@@ -164,7 +185,7 @@ fn every_group_size_with_a_partial_last_group() {
                 });
                 lin.prefill(&x, m, &mut out).unwrap();
                 assert_within(&format!("{} prefill {group:?} {block:?}", v.name), &out, &want, |i| {
-                    Budget::F32_ACCUMULATE.bound(k, mu[i], 0.0)
+                    prefill_bound(&lin, k, mu[i], 0.0)
                 });
             }
         }
@@ -175,7 +196,7 @@ fn every_group_size_with_a_partial_last_group() {
 /// Checked through outputs: with one-hot activations, prefill output (m, n) is the weight at (n, k_m).
 #[test]
 fn prefill_panels_are_the_direct_decode_bit_for_bit() {
-    let variants = runnable_variants("w4a16 panels");
+    let variants = runnable_variants_of("w4a16 panels", &W4A16_VARIANTS);
     let mut rng = Rng::new(3);
     for (n, block) in [(144, TinygemmBlock::N64), (48, TinygemmBlock::N32), (80, TinygemmBlock::N32)] {
         let k = 576;
@@ -193,9 +214,12 @@ fn prefill_panels_are_the_direct_decode_bit_for_bit() {
             let lin = build(&codes, &params, block, true, None, v.level);
             let mut out = vec![0.0; ks.len() * n];
             lin.prefill(&x, ks.len(), &mut out).unwrap();
+            // The bf16 GEMM sees the same panels rounded to bf16 (and multiplies them by an exact 1.0).
+            let round = |w: f32| if bf16_prefill(&lin) { half::bf16::from_f32(w).to_f32() } else { w };
             for (r, &kk) in ks.iter().enumerate() {
                 for c in 0..n {
-                    assert_eq!(out[r * n + c], dec[c * k + kk], "{} {block:?} N={n} (n={c}, k={kk})", v.name);
+                    let want = round(dec[c * k + kk]);
+                    assert_eq!(out[r * n + c], want, "{} {block:?} N={n} (n={c}, k={kk})", v.name);
                 }
             }
         }
@@ -204,7 +228,7 @@ fn prefill_panels_are_the_direct_decode_bit_for_bit() {
 
 #[test]
 fn decode_and_prefill_agree_at_the_threshold() {
-    let variants = runnable_variants("w4a16 threshold");
+    let variants = runnable_variants_of("w4a16 threshold", &W4A16_VARIANTS);
     let mut rng = Rng::new(4);
     let (n, k) = (576, 576);
     let (codes, params) = layer(&mut rng, n, k, GroupSize::G128);
@@ -212,14 +236,18 @@ fn decode_and_prefill_agree_at_the_threshold() {
         let lin = build(&codes, &params, TinygemmBlock::N64, true, None, v.level);
         let t = lin.config().dequant_threshold;
         assert!(t >= 2);
-        assert_eq!(
-            lin.kernel_for(t - 1),
-            if v.level == IsaLevel::Avx2 { KernelId::W4a16DecodeAvx2 } else { KernelId::W4a16DecodePortable }
-        );
-        assert_eq!(
-            lin.kernel_for(t),
-            if v.level == IsaLevel::Avx2 { KernelId::W4a16PrefillDirectAvx2 } else { KernelId::W4a16PrefillPortable }
-        );
+        let avx512_prefill = if int4_kernels::isa::Avx512Bf16::with_caps(IsaCaps::process()).is_some() {
+            KernelId::W4a16PrefillDirectAvx512Bf16
+        } else {
+            KernelId::W4a16PrefillDirectAvx2
+        };
+        let (decode, prefill) = match v.level {
+            IsaLevel::Avx512 => (KernelId::W4a16DecodeAvx512, avx512_prefill),
+            IsaLevel::Avx2 => (KernelId::W4a16DecodeAvx2, KernelId::W4a16PrefillDirectAvx2),
+            _ => (KernelId::W4a16DecodePortable, KernelId::W4a16PrefillPortable),
+        };
+        assert_eq!(lin.kernel_for(t - 1), decode);
+        assert_eq!(lin.kernel_for(t), prefill);
         // M = t − 1 goes to decode and M = t to prefill; the same rows through both paths agree within
         // the sum of the two budgets.
         let x = rng.activations(t, k);
@@ -230,7 +258,7 @@ fn decode_and_prefill_agree_at_the_threshold() {
         let mut at = vec![0.0; t * n];
         lin.forward(&x, t, &mut at).unwrap();
         for i in 0..(t - 1) * n {
-            let b = Budget::F32_ACCUMULATE.bound(k, mu_d[i], 0.0) + Budget::F32_ACCUMULATE.bound(k, mu[i], 0.0);
+            let b = Budget::F32_ACCUMULATE.bound(k, mu_d[i], 0.0) + prefill_bound(&lin, k, mu[i], 0.0);
             assert!((f64::from(below[i]) - f64::from(at[i])).abs() <= b, "{} output {i}", v.name);
         }
     }
@@ -239,7 +267,7 @@ fn decode_and_prefill_agree_at_the_threshold() {
 /// Threads split N, never K: one thread and two give the same bits, for decode and prefill.
 #[test]
 fn results_are_bit_identical_for_any_thread_count() {
-    let variants = runnable_variants("w4a16 threads");
+    let variants = runnable_variants_of("w4a16 threads", &W4A16_VARIANTS);
     let mut rng = Rng::new(5);
     let (n, k) = (2048, 576);
     let (codes, params) = layer(&mut rng, n, k, GroupSize::G128);
@@ -275,7 +303,7 @@ fn results_are_bit_identical_for_any_thread_count() {
 /// is a relative error of 2⁻⁷ and every weight is exact in bf16.
 #[test]
 fn the_budget_catches_a_scale_one_bf16_ulp_off() {
-    let variants = runnable_variants("w4a16 budget sensitivity");
+    let variants = runnable_variants_of("w4a16 budget sensitivity", &W4A16_VARIANTS);
     let mut rng = Rng::new(6);
     for (k, group, budget, prefill) in [
         (576, GroupSize::G128, Budget::F32_ACCUMULATE, false),
@@ -344,9 +372,10 @@ fn bad_inputs_are_clear_errors() {
     let capped = IsaCaps::unrestricted().with_max_level(IsaLevel::Portable);
     let e = W4A16Linear::forced(w.clone(), None, W4A16Config::default(), IsaLevel::Avx2, &capped).unwrap_err();
     assert!(e.to_string().contains("AVX2"), "{e}");
-    let e =
-        W4A16Linear::forced(w, None, W4A16Config::default(), IsaLevel::Avx512, &IsaCaps::unrestricted()).unwrap_err();
-    assert!(matches!(e.kind(), KernelErrorKind::Unavailable { .. }));
+    let no_avx512 = IsaCaps::unrestricted().with_max_level(IsaLevel::Avx2);
+    let e = W4A16Linear::forced(w, None, W4A16Config::default(), IsaLevel::Avx512, &no_avx512).unwrap_err();
+    assert!(matches!(e.kind(), KernelErrorKind::Unavailable { kernel: "w4a16-decode-avx512", .. }), "{e}");
+    assert!(e.to_string().contains("AVX-512"), "{e}");
     // Shapes the layout cannot pack.
     let (c50, p50) = layer(&mut rng, 50, 64, GroupSize::G32);
     assert!(W4A16Weights::new(&c50, p50, TinygemmBlock::N64, true).is_err());

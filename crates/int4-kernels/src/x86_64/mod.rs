@@ -2,4 +2,5 @@
 //! while holding the matching capability token from [`crate::isa`].
 
 pub mod avx2;
+pub mod avx512;
 pub mod w4a8;

@@ -2,7 +2,7 @@
 //! and data that looks like real layers.
 #![allow(dead_code)]
 
-use int4_kernels::isa::{Avx2Fma, IsaCaps, IsaLevel};
+use int4_kernels::isa::{Avx2Fma, Avx512, IsaCaps, IsaLevel};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
 use int4_layout::{Codes, GroupParams, GroupSize};
 
@@ -17,16 +17,26 @@ pub struct Variant {
 pub const VARIANTS: [Variant; 2] =
     [Variant { level: IsaLevel::Portable, name: "portable" }, Variant { level: IsaLevel::Avx2, name: "avx2+fma" }];
 
-/// The variants this process can run. A variant the machine lacks is printed as skipped; with
-/// `INT4_TEST_EVERYTHING=1` a skip is a failure instead. Panics if nothing at all would run.
+/// The W4A16 kernels' variants: those, plus the AVX-512 decode (its prefill is the AVX2 one).
+pub const W4A16_VARIANTS: [Variant; 3] =
+    [VARIANTS[0], VARIANTS[1], Variant { level: IsaLevel::Avx512, name: "avx512" }];
+
+/// The variants of [`VARIANTS`] this process can run. A variant the machine lacks is printed as skipped;
+/// with `INT4_TEST_EVERYTHING=1` a skip is a failure instead. Panics if nothing at all would run.
 pub fn runnable_variants(test: &str) -> Vec<Variant> {
+    runnable_variants_of(test, &VARIANTS)
+}
+
+/// [`runnable_variants`] over another list of variants.
+pub fn runnable_variants_of(test: &str, variants: &[Variant]) -> Vec<Variant> {
     let caps = IsaCaps::process();
     let everything = std::env::var("INT4_TEST_EVERYTHING").is_ok_and(|v| v == "1");
     let mut out = Vec::new();
-    for v in VARIANTS {
+    for &v in variants {
         let ok = match v.level {
             IsaLevel::Portable => true,
             IsaLevel::Avx2 => Avx2Fma::with_caps(caps).is_some(),
+            IsaLevel::Avx512 => Avx512::with_caps(caps).is_some(),
             _ => false,
         };
         if ok {

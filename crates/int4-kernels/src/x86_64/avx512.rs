@@ -1,0 +1,271 @@
+//! AVX-512 kernels: the W4A16 decode GEMV (AVX-512 F/BW/VL) and the W4A16 prefill's bf16 GEMM
+//! (AVX512-BF16 `vdpbf16ps`).
+//!
+//! **Decode.** A tinygemm layout stores neighbouring lane groups side by side for every input channel (any
+//! block width, tails included): lane groups `h` and `h + 1` are sixteen contiguous bytes, and the four
+//! lane groups of a 64-channel block are 32. So one zero-extending load of sixteen bytes gives sixteen
+//! dwords holding 32 codes (two lane groups), and a full 64-channel block takes two such loads per input
+//! channel, each byte read once. On Zen 4, whose 512-bit units are two 256-bit halves, this is about as
+//! fast per weight as the AVX2 kernel in cache (the same instruction count per weight), and faster on
+//! weights streamed from memory (the measurements are in `docs/perf.md`); on cores with full-width 512-bit
+//! units it does twice the work per instruction.
+//!
+//! **Prefill.** The panels the AVX2 prefill dequantizes (exact f32 weights, straight from the packed layout)
+//! are rounded to bf16 pairs and multiplied against bf16 activations by `vdpbf16ps`, two products per lane
+//! per instruction: twice the f32 FMA rate.
+//!
+//! **Safety model.** As in [`super::avx2`]: every function is an `unsafe fn` with `#[target_feature]`,
+//! callable only while holding the matching token ([`crate::isa::Avx512`], [`crate::isa::Avx512Bf16`]),
+//! checked on the live CPU at run time, with the pointer ranges its `# Safety` section lists checked by the
+//! safe drivers in [`crate::w4a16`] and [`crate::gemm`].
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// W4A16 decode for `MR` rows of `C` side-by-side pairs of lane groups (`C` = 1 or 2: two or four lane
+/// groups), or of one lane group alone (`HALF`, with `C` = 1):
+///
+/// `tile[r][j] = Σ_g s·Σ_{k∈g} x[r][k]·q + (z − 8s)·xs[r][g]`, which is `Σ_k x·((q − 8)·s + z)`.
+///
+/// Per input channel and pair, one load of sixteen bytes widened to sixteen dwords; a mask and a shift give
+/// the low and high codes, converted to f32. Registers: for pair `c`, `acc[c][0]` holds `[lane group 2c's
+/// low-nibble lanes | 2c + 1's]`, `acc[c][1]` their high-nibble lanes. `U` independent accumulator sets
+/// take input channels in turn within a group (the last `len mod U` go to set 0), so that enough FMA
+/// chains are in flight for one row. At the end of a group the sets are summed in set order, then
+/// `tot = fma(s, acc, tot)`, `tot = fma(z − 8s, xs, tot)`: per lane, the AVX2 kernel's arithmetic exactly.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, AVX2 and FMA. For every `r < MR` and `kk < k`,
+/// `x.add(r·ldx + kk)` must be readable; `xs.add(r·groups + g)` readable for every group
+/// `g < ceil(k/g_len)`; `bytes.add(kk·stride + 16·C − 1)` readable for every `kk < k` (`bytes.add(kk·stride
+/// + 7)` with `HALF`); `sz[i].add(g·32 + 31)` readable for every group and every lane group `i < 2C`
+/// (`i < 1` with `HALF`); `tiles[i].add(r·16 + 15)` writable for every `r < MR` and the same `i`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+pub unsafe fn decode_lanes<const MR: usize, const U: usize, const C: usize, const HALF: bool>(
+    x: *const f32,
+    ldx: usize,
+    xs: *const f32,
+    bytes: *const u8,
+    stride: usize,
+    sz: [*const f32; 4],
+    k: usize,
+    g_len: usize,
+    tiles: [*mut f32; 4],
+) {
+    let mask = _mm512_set1_epi32(0xF);
+    let eight = _mm512_set1_ps(8.0);
+    let groups = k.div_ceil(g_len);
+    // Pair c's codes at input channel kk: low and high, as f32.
+    let codes = |kk: usize, c: usize| -> (__m512, __m512) {
+        // SAFETY: kk < k and c < C (every caller below), so the caller's contract makes 16 bytes (8 with
+        // HALF) readable at kk·stride + 16c; the loads read exactly that many, unaligned.
+        let v = unsafe {
+            let p = bytes.add(kk * stride + 16 * c);
+            _mm512_cvtepu8_epi32(if HALF { _mm_loadl_epi64(p.cast()) } else { _mm_loadu_si128(p.cast()) })
+        };
+        (_mm512_cvtepi32_ps(_mm512_and_si512(v, mask)), _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(v)))
+    };
+    let mut tot = [[[_mm512_setzero_ps(); 2]; C]; MR];
+    for g in 0..groups {
+        let k0 = g * g_len;
+        let k1 = (k0 + g_len).min(k);
+        let mut acc = [[[[_mm512_setzero_ps(); 2]; C]; MR]; U];
+        let step = |kk: usize, set: &mut [[[__m512; 2]; C]; MR]| {
+            for c in 0..C {
+                let (wlo, whi) = codes(kk, c);
+                for (r, a) in set.iter_mut().enumerate() {
+                    // SAFETY: r < MR and kk < k: x[r·ldx + kk] is readable (caller contract).
+                    let xb = _mm512_set1_ps(unsafe { *x.add(r * ldx + kk) });
+                    a[c][0] = _mm512_fmadd_ps(wlo, xb, a[c][0]);
+                    a[c][1] = _mm512_fmadd_ps(whi, xb, a[c][1]);
+                }
+            }
+        };
+        let mut kk = k0;
+        while kk + U <= k1 {
+            for (u, set) in acc.iter_mut().enumerate() {
+                step(kk + u, set);
+            }
+            kk += U;
+        }
+        while kk < k1 {
+            step(kk, &mut acc[0]);
+            kk += 1;
+        }
+        let mut sum = acc[0];
+        for set in &acc[1..] {
+            for (sr, ar) in sum.iter_mut().zip(set) {
+                for (sc, ac) in sr.iter_mut().zip(ar) {
+                    sc[0] = _mm512_add_ps(sc[0], ac[0]);
+                    sc[1] = _mm512_add_ps(sc[1], ac[1]);
+                }
+            }
+        }
+        for c in 0..C {
+            // `[lane group 2c's eight | 2c + 1's]` of one of the four parameter rows (s_lo, s_hi, z_lo, z_hi).
+            let params = |row: usize| -> __m512 {
+                // SAFETY: g < groups, so sz[2c][g·32 + 8·row .. + 8] is readable, and sz[2c + 1]'s unless
+                // HALF (caller contract); with HALF the upper half repeats the first and is never stored.
+                unsafe {
+                    let pa = _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c].add(g * 32 + 8 * row)));
+                    let pb = if HALF {
+                        pa
+                    } else {
+                        _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c + 1].add(g * 32 + 8 * row)))
+                    };
+                    _mm512_shuffle_f32x4::<0b01_00_01_00>(pa, pb)
+                }
+            };
+            let (s_lo, s_hi) = (params(0), params(1));
+            let (z_lo, z_hi) = (_mm512_fnmadd_ps(eight, s_lo, params(2)), _mm512_fnmadd_ps(eight, s_hi, params(3)));
+            for (r, (t, a)) in tot.iter_mut().zip(&sum).enumerate() {
+                // SAFETY: r < MR, g < groups: xs[r·groups + g] is readable (caller contract).
+                let xsum = _mm512_set1_ps(unsafe { *xs.add(r * groups + g) });
+                t[c][0] = _mm512_fmadd_ps(z_lo, xsum, _mm512_fmadd_ps(s_lo, a[c][0], t[c][0]));
+                t[c][1] = _mm512_fmadd_ps(z_hi, xsum, _mm512_fmadd_ps(s_hi, a[c][1], t[c][1]));
+            }
+        }
+    }
+    for (r, t) in tot.iter().enumerate() {
+        for (c, tc) in t.iter().enumerate() {
+            // Lane group 2c's tile row is `[lo lanes 0..8 | hi lanes 0..8]`, 2c + 1's the upper eights.
+            // SAFETY: r < MR: row r of tile 2c (and of 2c + 1 unless HALF) is writable (caller contract).
+            unsafe {
+                _mm512_storeu_ps(tiles[2 * c].add(r * 16), _mm512_shuffle_f32x4::<0b01_00_01_00>(tc[0], tc[1]));
+                if !HALF {
+                    _mm512_storeu_ps(tiles[2 * c + 1].add(r * 16), _mm512_shuffle_f32x4::<0b11_10_11_10>(tc[0], tc[1]));
+                }
+            }
+        }
+    }
+}
+
+/// The bits of 32 bf16 as an integer vector.
+#[inline]
+fn bits512(v: __m512bh) -> __m512i {
+    // SAFETY: both are 64-byte plain SIMD values for which every bit pattern is valid.
+    unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
+}
+
+/// The bits of 16 bf16 as an integer vector.
+#[inline]
+fn bits256(v: __m256bh) -> __m256i {
+    // SAFETY: both are 32-byte plain SIMD values for which every bit pattern is valid.
+    unsafe { std::mem::transmute::<__m256bh, __m256i>(v) }
+}
+
+/// An integer vector's bits as 32 bf16.
+#[inline]
+fn bh512(v: __m512i) -> __m512bh {
+    // SAFETY: both are 64-byte plain SIMD values for which every bit pattern is valid.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
+/// Word order that interleaves two rows of sixteen bf16 (words 0..16 and 16..32) into sixteen pairs.
+const INTERLEAVE: [u16; 32] = {
+    let mut idx = [0u16; 32];
+    let mut j = 0;
+    while j < 16 {
+        idx[2 * j] = j as u16;
+        idx[2 * j + 1] = 16 + j as u16;
+        j += 1;
+    }
+    idx
+};
+
+/// Rounds an f32 panel `[kc][16]` to bf16 (round to nearest even, as `vcvtne2ps2bf16` does: denormals
+/// flushed to zero, NaN quieted) and writes it as `vdpbf16ps` reads a B operand: `[ceil(kc/2)][16][2]`,
+/// lane `j` of pair `p` holding input channels `2p` and `2p + 1`; after an odd last channel, a zero.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL and AVX512-BF16. `panel` must be readable for `kc·16` floats and
+/// `out` writable for `ceil(kc/2)·32` u16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn pack_bf16_pairs(panel: *const f32, kc: usize, out: *mut u16) {
+    // SAFETY: INTERLEAVE is 64 readable bytes.
+    let idx = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
+    for p in 0..kc.div_ceil(2) {
+        // SAFETY: 2p < kc, so row 2p is readable; row 2p + 1 is read only when it exists (caller contract).
+        let (even, odd) = unsafe {
+            let e = _mm512_loadu_ps(panel.add(2 * p * 16));
+            let o = if 2 * p + 1 < kc { _mm512_loadu_ps(panel.add((2 * p + 1) * 16)) } else { _mm512_setzero_ps() };
+            (e, o)
+        };
+        // Words 0..16 are the even channel's lanes, 16..32 the odd one's.
+        let both = bits512(_mm512_cvtne2ps_pbh(odd, even));
+        // SAFETY: p < ceil(kc/2): out[p·32 .. p·32 + 32] is writable (caller contract).
+        unsafe { _mm512_storeu_si512(out.add(p * 32).cast(), _mm512_permutexvar_epi16(idx, both)) };
+    }
+}
+
+/// Rounds `len` floats to bf16 (as [`pack_bf16_pairs`] does) into `out`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL and AVX512-BF16. `x` readable and `out` writable for `len`
+/// elements.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn to_bf16(x: *const f32, len: usize, out: *mut u16) {
+    let mut i = 0;
+    while i + 16 <= len {
+        // SAFETY: i + 16 <= len: 16 floats readable and 16 u16 writable (caller contract).
+        unsafe {
+            let v = bits256(_mm512_cvtneps_pbh(_mm512_loadu_ps(x.add(i))));
+            _mm256_storeu_si256(out.add(i).cast(), v);
+        }
+        i += 16;
+    }
+    if i < len {
+        let mask: __mmask16 = (1u16 << (len - i)) - 1;
+        // SAFETY: the masked load reads and the masked store writes only the len − i remaining elements.
+        unsafe {
+            let v = bits256(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x.add(i))));
+            _mm256_mask_storeu_epi16(out.add(i).cast(), mask, v);
+        }
+    }
+}
+
+/// The bf16 GEMM microkernel over `L` lane groups (1 or 2) at once: `tile_l[r][0..16] += Σ_p
+/// a[r][p]·panel_l[p]` for `r < MR`, `p < kp`, where `a[r][p]` is a pair of bf16 activations (one u32)
+/// and `panel_l[p]` sixteen lanes of bf16 weight pairs, by `vdpbf16ps` (per lane: both products, exact in
+/// f32, summed with the accumulator; denormals flushed), pairs in K order. Two lane groups share each
+/// activation broadcast.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL and AVX512-BF16. `a.add(r·lda + p)` readable for `r < MR`,
+/// `p < kp`; `panels[l].add(p·32 + 31)` readable for `p < kp`, `l < L`; `tiles[l].add(r·16 + 15)`
+/// readable and writable for `r < MR`, `l < L`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn gemm_microkernel_bf16<const MR: usize, const L: usize>(
+    kp: usize,
+    a: *const u32,
+    lda: usize,
+    panels: [*const u16; L],
+    tiles: [*mut f32; L],
+) {
+    let mut acc = [[_mm512_setzero_ps(); L]; MR];
+    for (r, c) in acc.iter_mut().enumerate() {
+        for (l, cl) in c.iter_mut().enumerate() {
+            // SAFETY: r < MR, l < L: tile l's row r is readable (caller contract).
+            *cl = unsafe { _mm512_loadu_ps(tiles[l].add(r * 16)) };
+        }
+    }
+    for p in 0..kp {
+        // SAFETY: p < kp: pair p (64 bytes) of every panel is readable (caller contract).
+        let b: [__m512bh; L] =
+            std::array::from_fn(|l| bh512(unsafe { _mm512_loadu_si512(panels[l].add(p * 32).cast()) }));
+        for (r, c) in acc.iter_mut().enumerate() {
+            // SAFETY: r < MR, p < kp: a[r·lda + p] is readable (caller contract).
+            let av = bh512(_mm512_set1_epi32(unsafe { *a.add(r * lda + p) } as i32));
+            for (cl, bl) in c.iter_mut().zip(&b) {
+                *cl = _mm512_dpbf16_ps(*cl, av, *bl);
+            }
+        }
+    }
+    for (r, c) in acc.iter().enumerate() {
+        for (l, cl) in c.iter().enumerate() {
+            // SAFETY: r < MR, l < L: tile l's row r is writable (caller contract).
+            unsafe { _mm512_storeu_ps(tiles[l].add(r * 16), *cl) };
+        }
+    }
+}
