@@ -8,13 +8,13 @@
 //!    prefill, AVX-512 VNNI for decode (AMX does not help M = 1).
 //! 2. `w4a16-amx-bf16` — AMX-BF16 tiles for the W4A16 prefill.
 //! 3. `w4a8-vnni` — GPTQ checkpoints, speed priority, AVX-512 VNNI.
-//! 4. `w4a16-avx512` — AVX-512 (BF16 for the prefill's `vdpbf16ps`).
+//! 4. `w4a16-avx512` — AVX-512 F/BW/VL: the AVX-512 decode GEMV over 64-channel tinygemm blocks, and a
+//!    `vdpbf16ps` prefill where the CPU has AVX512-BF16 (the f32-FMA prefill where it does not).
 //! 5. `w4a8-avx2` — GPTQ checkpoints, speed priority, AVX2 (`vpmaddubsw`).
 //! 6. `w4a16-avx2` — AVX2 + FMA: decode GEMV and dequantizing FMA prefill.
 //! 7. `wna16-portable` — anything, including other architectures.
 //!
-//! Rung 4 (the AVX-512 W4A16 kernels) has no kernels in this build yet; it is kept in the ladder so the
-//! plan says so instead of pretending it does not exist. Rung 2 decodes with the AVX2 kernel and prefills
+//! Rung 2 decodes with the AVX2 kernel and prefills
 //! on AMX-BF16 tiles (`direct_dequant: false` keeps the AVX2 split-halves prefill). W4A8 needs integer zero
 //! points: a `cpu_int4` checkpoint (float zeros) stays W4A16. An unquantized checkpoint takes W4A8 only when
 //! the path is forced, and is then quantized at load to integer zero points, as an asymmetric GPTQ
@@ -278,12 +278,9 @@ const LADDER: [Rung; 9] = [
     },
     Rung {
         name: "w4a16-avx512",
-        check: |s, _, _| {
-            avx512_reason(s)?;
-            if !s.cpu.avx512bf16 { Err("CPU lacks AVX512-BF16 (vdpbf16ps)".into()) } else { Ok(()) }
-        },
+        check: |s, _, _| avx512_reason(s),
         level: IsaLevel::Avx512,
-        kernels: None,
+        kernels: Some((KernelId::W4a16DecodeAvx512, KernelId::W4a16PrefillDirectAvx512Bf16, PackedLayout::Tinygemm64)),
         is_w4a8: false,
         forced_only: false,
     },
@@ -331,6 +328,20 @@ const LADDER: [Rung; 9] = [
         forced_only: false,
     },
 ];
+
+/// The prefill kernel a rung runs: its direct kernel, or the split-halves one with `direct_dequant: false`;
+/// the AVX-512 rung's `vdpbf16ps` GEMM needs AVX512-BF16 and falls back to the f32-FMA GEMM without it.
+fn prefill_kernel(rung_prefill: KernelId, direct: bool, s: &CpuSnapshot) -> KernelId {
+    let prefill = match rung_prefill {
+        KernelId::W4a16PrefillDirectAvx512Bf16 if !s.cpu.avx512bf16 => KernelId::W4a16PrefillDirectAvx2,
+        k => k,
+    };
+    match (prefill, direct) {
+        (KernelId::W4a16PrefillDirectAvx2, false) => KernelId::W4a16PrefillHalvesAvx2,
+        (KernelId::W4a16PrefillDirectAvx512Bf16, false) => KernelId::W4a16PrefillHalvesAvx512Bf16,
+        (k, _) => k,
+    }
+}
 
 /// The plan for this machine, checkpoint and priority.
 pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overrides) -> Result<Plan, PolicyError> {
@@ -390,14 +401,7 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
                 return Ok(Plan {
                     path: rung.name.into(),
                     decode: KernelPlan { kernel: decode.name().into(), isa: rung.level },
-                    prefill: KernelPlan {
-                        kernel: if !direct && prefill == KernelId::W4a16PrefillDirectAvx2 {
-                            KernelId::W4a16PrefillHalvesAvx2.name().into()
-                        } else {
-                            prefill.name().into()
-                        },
-                        isa: rung.level,
-                    },
+                    prefill: KernelPlan { kernel: prefill_kernel(prefill, direct, s).name().into(), isa: rung.level },
                     layout,
                     dequant_threshold: threshold,
                     direct_dequant: direct,
