@@ -69,6 +69,10 @@ struct Row {
     prefill_halves: f64,
     gemm_bf16: f64,
     fma_flops: f64,
+    /// The `vdpbf16ps` peak (0 without AVX512-BF16).
+    bf16_flops: f64,
+    decode_kernel: &'static str,
+    prefill_kernel: &'static str,
 }
 
 fn main() {
@@ -80,7 +84,8 @@ fn main() {
     let m_prefill = 512;
 
     let level = IsaCaps::process().effective_level();
-    let block = TinygemmBlock::N32;
+    // The layout the policy gives this machine's W4A16 path: 64-channel blocks with AVX-512.
+    let block = if int4_kernels::isa::Avx512::new().is_some() { TinygemmBlock::N64 } else { TinygemmBlock::N32 };
     let threads = rayon::current_num_threads();
     eprintln!("kernel table: ISA {} ({} threads), {} rounds", level.name(), threads, rounds);
 
@@ -132,7 +137,7 @@ fn main() {
         let (mut o1, mut o4, mut op) = (vec![0.0; n], vec![0.0; 4 * n], vec![0.0; m_prefill * n]);
         let packed = direct.weights().packed().to_vec();
         let mut sink = 0u64;
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 12];
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 13];
         for _ in 0..rounds {
             samples[0].push(time_per_call(budget, || sink ^= ceiling::stream_read(&packed)));
             samples[1].push(time_per_call(budget, || direct.decode(&x1, 1, &mut o1).unwrap()));
@@ -148,6 +153,9 @@ fn main() {
             samples[9].push(time_per_call(budget, || wna16.forward(&x1, 1, &mut o1).unwrap()));
             samples[10].push(time_per_call(budget, || w4a8.forward(&x1, 1, &mut o1).unwrap()));
             samples[11].push(time_per_call(budget, || w4a8.forward(&xp, m_prefill, &mut op).unwrap()));
+            let iters = 100_000;
+            let t = time_per_call(budget, || sink ^= u64::from(ceiling::bf16_peak(iters).1.to_bits()));
+            samples[12].push(ceiling::bf16_peak(1).0 as f64 * iters as f64 / t);
         }
         std::hint::black_box(sink);
         let med: Vec<f64> = samples.into_iter().map(median).collect();
@@ -179,17 +187,22 @@ fn main() {
             prefill_halves: med[6],
             gemm_bf16: med[7],
             fma_flops: med[8],
+            bf16_flops: med[12],
+            decode_kernel: direct.kernel_for(1).name(),
+            prefill_kernel: direct.kernel_for(m_prefill).name(),
         });
     }
 
     println!(
-        "\n### Kernels: {} threads, ISA {}, W4A16 g128 ({:?} blocks), prefill M = {m_prefill}\n",
+        "\n### Kernels: {} threads, ISA {}, W4A16 g128 ({:?} blocks; {} / {}), prefill M = {m_prefill}\n",
         threads,
         level.name(),
-        block
+        block,
+        rows.first().map_or("", |r| r.decode_kernel),
+        rows.first().map_or("", |r| r.prefill_kernel),
     );
     println!(
-        "| shape | N×K | read GB/s (packed) | decode M=1 µs | GB/s | % of read | ns/weight | M=4 / M=1 | bf16 GEMV GB/s (% of its read) | prefill GFLOP/s | % of FMA peak | direct / halves | vs bf16 GEMM |"
+        "| shape | N×K | read GB/s (packed) | decode M=1 µs | GB/s | % of read | ns/weight | M=4 / M=1 | bf16 GEMV GB/s (% of its read) | prefill GFLOP/s | % of its peak (FMA or vdpbf16ps) | direct / halves | vs bf16 GEMM |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut out = Vec::new();
@@ -200,9 +213,10 @@ fn main() {
         let gemv_gbs = (r.n * r.k * 2) as f64 / r.gemv_bf16 / 1e9;
         let flops = 2.0 * (m_prefill * r.n * r.k) as f64;
         let gflops = flops / r.prefill_direct / 1e9;
-        let peak = r.fma_flops / 1e9;
+        let bf16_prefill = r.prefill_kernel.contains("bf16");
+        let peak = if bf16_prefill { r.bf16_flops } else { r.fma_flops } / 1e9;
         println!(
-            "| {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.3} | {:.2} | {:.1} ({:.0}%) | {:.1} | {:.0}% of {:.0} | {:.3} | {:.2}× |",
+            "| {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.0}% | {:.3} | {:.2} | {:.1} ({:.0}%) | {:.1} | {:.0}% of {:.0} {} | {:.3} | {:.2}× |",
             r.name,
             r.n,
             r.k,
@@ -217,6 +231,7 @@ fn main() {
             gflops,
             100.0 * gflops / peak,
             peak,
+            if bf16_prefill { "bf16" } else { "FMA" },
             r.prefill_direct / r.prefill_halves,
             r.gemm_bf16 / r.prefill_direct,
         );
@@ -225,7 +240,8 @@ fn main() {
             "stream_read_packed_s": r.read_packed, "decode_m1_s": r.decode1, "decode_m4_s": r.decode4,
             "stream_read_bf16_s": r.read_bf16, "dense_bf16_gemv_m1_s": r.gemv_bf16,
             "prefill_direct_s": r.prefill_direct, "prefill_halves_s": r.prefill_halves,
-            "dense_bf16_gemm_s": r.gemm_bf16, "fma_peak_flops": r.fma_flops,
+            "dense_bf16_gemm_s": r.gemm_bf16, "fma_peak_flops": r.fma_flops, "bf16_peak_flops": r.bf16_flops,
+            "decode_kernel": r.decode_kernel, "prefill_kernel": r.prefill_kernel,
             "decode_gbs": dec_gbs, "stream_read_gbs": read_gbs, "prefill_gflops": gflops,
         }));
     }
