@@ -39,20 +39,37 @@ struct PathSpec {
     path: RunPath,
     direct_dequant: Option<bool>,
     about: &'static str,
+    /// Measured lightly: the first prompt length of the sweep only, at most 32 generated tokens, no
+    /// batched decode (the portable fallback is an order of magnitude slower; its full rows would take
+    /// most of the run).
+    light: bool,
 }
 
 const PATHS: [PathSpec; 6] = [
-    PathSpec { name: "w4a16", path: RunPath::W4a16, direct_dequant: None, about: "direct dequant" },
+    PathSpec { name: "w4a16", path: RunPath::W4a16, direct_dequant: None, about: "direct dequant", light: false },
     PathSpec {
         name: "w4a16-split",
         path: RunPath::W4a16,
         direct_dequant: Some(false),
         about: "direct_dequant: false (split-halves copy for prefill)",
+        light: false,
     },
-    PathSpec { name: "w4a8", path: RunPath::W4a8, direct_dequant: None, about: "int8 activations" },
-    PathSpec { name: "wna16", path: RunPath::Wna16, direct_dequant: None, about: "portable fallback" },
-    PathSpec { name: "bf16", path: RunPath::Bf16, direct_dequant: None, about: "unquantized bf16" },
-    PathSpec { name: "f32", path: RunPath::F32, direct_dequant: None, about: "unquantized f32 (the reference)" },
+    PathSpec { name: "w4a8", path: RunPath::W4a8, direct_dequant: None, about: "int8 activations", light: false },
+    PathSpec {
+        name: "wna16",
+        path: RunPath::Wna16,
+        direct_dequant: None,
+        about: "portable fallback (measured lightly)",
+        light: true,
+    },
+    PathSpec { name: "bf16", path: RunPath::Bf16, direct_dequant: None, about: "unquantized bf16", light: false },
+    PathSpec {
+        name: "f32",
+        path: RunPath::F32,
+        direct_dequant: None,
+        about: "unquantized f32 (the reference)",
+        light: false,
+    },
 ];
 
 /// What one run measures.
@@ -104,8 +121,9 @@ fn main() {
     let large = synthetic.as_deref() == Some("spark-shaped");
     let default_paths = match (quick, large) {
         (true, _) => "w4a16,w4a8,bf16",
-        // f32 weights of a 1.54 B model are 6 GB and decode at a few tokens per second: left out unless named.
-        (false, true) => "w4a16,w4a16-split,w4a8,wna16,bf16",
+        // f32 weights of a 1.54 B model are 6 GB and decode at a few tokens per second, and the portable
+        // fallback prefills at a few tokens per second: both left out unless named.
+        (false, true) => "w4a16,w4a16-split,w4a8,bf16",
         (false, false) => "w4a16,w4a16-split,w4a8,wna16,bf16,f32",
     };
     let chosen = arg("--paths").unwrap_or_else(|| default_paths.into());
@@ -125,8 +143,11 @@ fn main() {
         Plan { pp: 512, tg: 128, sweep: vec![64, 128, 256, 512], batches: vec![4, 16], batch_steps: 32, reps: 3 }
     };
     if large && !quick {
-        // A 1.54 B model: two repetitions keep the full run within its time (the sd is over two).
+        // A 1.54 B model: two repetitions, the sweep's ends and shorter batched runs keep the full run
+        // within its time (the sd is over two).
         plan.reps = 2;
+        plan.sweep = vec![64, 512];
+        plan.batch_steps = 16;
     }
     if let Some(r) = arg("--reps").and_then(|r| r.parse().ok()) {
         plan.reps = r;
@@ -171,8 +192,12 @@ fn main() {
         fail("no paths to run");
     }
 
-    // The streaming-read ceiling over a buffer the size of the largest decode step's reads.
-    let read_len = loaded.iter().map(|l| l.engine.model.decode_bytes()).max().unwrap_or(0).max(1 << 20);
+    // The streaming-read ceiling over a buffer the size of the largest 4-bit decode step's reads (the
+    // paths whose decode should stream at that rate), or of the largest step when only dense paths run.
+    let dense = |l: &Loaded| matches!(l.spec.path, RunPath::Bf16 | RunPath::F32);
+    let largest =
+        |four_bit: bool| loaded.iter().filter(|l| dense(l) != four_bit).map(|l| l.engine.model.decode_bytes()).max();
+    let read_len = largest(true).or_else(|| largest(false)).unwrap_or(0).max(1 << 20);
     let read_buf: Vec<u8> = (0..read_len).map(|i| (i * 31 + 7) as u8).collect();
     let mut read_gbs = Vec::new();
     let mut sink = 0u64;
@@ -198,7 +223,10 @@ fn main() {
                 started.elapsed().as_secs_f64()
             );
             let e = &l.engine;
-            for (si, &n) in plan.sweep.iter().enumerate() {
+            let sweep = if l.spec.light { &plan.sweep[..1] } else { &plan.sweep[..] };
+            let tg = if l.spec.light { plan.tg.min(32) } else { plan.tg };
+            let batches = if l.spec.light { &[][..] } else { &plan.batches[..] };
+            for (si, &n) in sweep.iter().enumerate() {
                 let prompt: Vec<u32> = (10..10 + n as u32).collect();
                 let mut cache = new_cache(e);
                 let t = Instant::now();
@@ -210,14 +238,14 @@ fn main() {
             let mut cache = new_cache(e);
             let mut logits = e.model.forward(&[10], &mut cache, false).unwrap_or_else(|err| fail(err));
             let t = Instant::now();
-            for _ in 0..plan.tg {
+            for _ in 0..tg {
                 let next = argmax(&logits);
                 logits = e.model.forward(&[next], &mut cache, false).unwrap_or_else(|err| fail(err));
             }
             if rep > 0 {
-                l.tg.push(plan.tg as f64 / t.elapsed().as_secs_f64());
+                l.tg.push(tg as f64 / t.elapsed().as_secs_f64());
             }
-            for (bi, &b) in plan.batches.iter().enumerate() {
+            for (bi, &b) in batches.iter().enumerate() {
                 let mut caches: Vec<KvCache> = (0..b).map(|_| new_cache(e)).collect();
                 let mut next: Vec<u32> = Vec::with_capacity(b);
                 for (i, c) in caches.iter_mut().enumerate() {
@@ -264,11 +292,14 @@ fn main() {
         let (tm, ts) = mean_sd(&l.tg);
         let decode_bytes = e.model.decode_bytes();
         let gbs = decode_bytes as f64 * tm / 1e9;
+        let tg_note = if l.spec.light { format!(" (tg{})", plan.tg.min(32)) } else { String::new() };
         println!(
-            "| {} | {} / {} | {pm:.1} ± {ps:.1} | {tm:.1} ± {ts:.1} | {gbs:.1} ({:.0}%) | {:.1} / {:.1} MiB | {:.2} s {} |",
+            "| {} | {} / {} | {} | {}{tg_note} | {gbs:.1} ({:.0}%) | {:.1} / {:.1} MiB | {:.2} s {} |",
             l.spec.name,
             k.decode,
             k.prefill,
+            cell(pm, ps),
+            cell(tm, ts),
             100.0 * gbs / read_m,
             e.model.weight_bytes() as f64 / 1048576.0,
             decode_bytes as f64 / 1048576.0,
@@ -302,7 +333,7 @@ fn main() {
         rows.push(json!({
             "path": l.spec.name, "about": l.spec.about, "kernels": kernels,
             "pp": plan.pp, "pp_tok_s_mean": pm, "pp_tok_s_sd": ps,
-            "tg": plan.tg, "tg_tok_s_mean": tm, "tg_tok_s_sd": ts,
+            "tg": if l.spec.light { plan.tg.min(32) } else { plan.tg }, "tg_tok_s_mean": tm, "tg_tok_s_sd": ts,
             "prefill_sweep": sweep, "batched_decode": batched,
             "decode_bytes": decode_bytes, "decode_gbs": gbs, "weight_bytes": e.model.weight_bytes(),
             "kv_cache_bytes": l.kv_bytes, "kv_cache_positions": context,
@@ -330,11 +361,11 @@ fn main() {
     for l in &loaded {
         let mut line = format!("| {} |", l.spec.name);
         for s in &l.pp {
-            line += &format!(" {:.1} |", mean_sd(s).0);
+            line += &format!(" {} |", cell(mean_sd(s).0, f64::NAN));
         }
-        line += &format!(" {:.1} |", mean_sd(&l.tg).0);
+        line += &format!(" {} |", cell(mean_sd(&l.tg).0, f64::NAN));
         for s in &l.batched {
-            line += &format!(" {:.1} |", mean_sd(s).0);
+            line += &format!(" {} |", cell(mean_sd(s).0, f64::NAN));
         }
         println!("{line}");
     }
@@ -366,6 +397,15 @@ fn main() {
     if let Some(path) = arg("--svg") {
         write(&path, &int4_benches::chart::model_svg(&doc));
         eprintln!("model-bench: chart written to {path}");
+    }
+}
+
+/// `mean ± sd`, `mean` alone when the sd is not a number, `—` for a figure not measured.
+fn cell(mean: f64, sd: f64) -> String {
+    match (mean.is_finite(), sd.is_finite()) {
+        (false, _) => "—".into(),
+        (true, true) => format!("{mean:.1} ± {sd:.1}"),
+        (true, false) => format!("{mean:.1}"),
     }
 }
 

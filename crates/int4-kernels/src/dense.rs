@@ -142,18 +142,16 @@ impl DenseLinear {
         let (n, k) = (self.n, self.k);
         let lanes = n.div_ceil(16);
         let mut tiles = vec![0.0f32; lanes * m * 16];
+        // The weights' type is matched once per panel, not per element: at a few rows the panels, not the
+        // microkernel, are most of the work.
         let produce = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
             for j in 0..16 {
                 let c = lg * 16 + j;
-                for kk in k0..k1 {
-                    panel[(kk - k0) * 16 + j] = if c >= n {
-                        0.0
-                    } else {
-                        match &self.weights {
-                            DenseWeights::F32(w) => w[c * k + kk],
-                            DenseWeights::Bf16(w) => w[c * k + kk].to_f32(),
-                        }
-                    };
+                let lane = panel.iter_mut().skip(j).step_by(16).take(k1 - k0);
+                match &self.weights {
+                    _ if c >= n => lane.for_each(|p| *p = 0.0),
+                    DenseWeights::F32(w) => lane.zip(&w[c * k + k0..c * k + k1]).for_each(|(p, v)| *p = *v),
+                    DenseWeights::Bf16(w) => lane.zip(&w[c * k + k0..c * k + k1]).for_each(|(p, v)| *p = v.to_f32()),
                 }
             }
         };

@@ -575,7 +575,7 @@ impl W4A16Linear {
         };
         let from_halves = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
             if let Some(h) = &w.halves {
-                halves_panel(h, w, &w.lanes[lg].channels, k0, k1, panel)
+                halves_panel(h, w, lg, k0, k1, panel)
             }
         };
         let produce: &gemm::PanelProducer<'_> =
@@ -694,19 +694,27 @@ fn prefill_block_tiles<T: TileUnit>(
     Ok(())
 }
 
-/// The `direct_dequant: false` panel producer: reads each lane's channel row from the split-halves planes.
-fn halves_panel(h: &[u8], w: &W4A16Weights, channels: &[u32; 16], k0: usize, k1: usize, panel: &mut [f32]) {
+/// The `direct_dequant: false` panel producer: reads each lane's channel row from the split-halves planes,
+/// with the lane's scale and zero fetched once per group.
+fn halves_panel(h: &[u8], w: &W4A16Weights, lg: usize, k0: usize, k1: usize, panel: &mut [f32]) {
     let k = w.k;
     let half = k / 2;
     let g_len = w.group.len(k);
-    for (j, &c) in channels.iter().enumerate() {
+    let sz = w.lane_sz(lg);
+    for (j, &c) in w.lanes[lg].channels.iter().enumerate() {
         let c = c as usize;
         let row = &h[c * half..(c + 1) * half];
-        for kk in k0..k1 {
-            let b = row[kk % half];
-            let q = if kk >= half { b >> 4 } else { b & 0xF };
-            let (s, z) = w.scale_zero(c, kk / g_len);
-            panel[(kk - k0) * 16 + j] = int4_layout::dequantize(q, s, z);
+        let mut kk = k0;
+        while kk < k1 {
+            let g = kk / g_len;
+            let end = ((g + 1) * g_len).min(k1);
+            let (s, z) = (sz[g * 32 + j], sz[g * 32 + 16 + j]);
+            for t in kk..end {
+                let b = row[t % half];
+                let q = if t >= half { b >> 4 } else { b & 0xF };
+                panel[(t - k0) * 16 + j] = int4_layout::dequantize(q, s, z);
+            }
+            kk = end;
         }
     }
 }
