@@ -21,7 +21,8 @@
 //! generated under `target/bench/models/` on first use (speed and memory only: its outputs mean nothing).
 //!
 //! `model-bench [--quick] [--model DIR|spark-shaped] [--paths w4a16,w4a16-split,w4a8,wna16,bf16,f32]
-//! [--reps N] [--json FILE] [--svg FILE]`. The JSON schema (`int4-model-bench/2`) is documented in
+//! [--reps N] [--group N] [--json FILE] [--svg FILE]`; `--group` is the group size an unquantized checkpoint
+//! is quantized to at load (default 128). The JSON schema (`int4-model-bench/2`) is documented in
 //! `docs/bench.md`.
 
 use std::time::{Duration, Instant};
@@ -164,13 +165,27 @@ fn main() {
         plan.reps
     );
     let context = plan.pp.max(plan.tg + 1).max(plan.batch_steps + 1) + 8;
+    // The group size an unquantized checkpoint is quantized to at load (128 unless `--group N`).
+    let group = match arg("--group") {
+        None => int4::layout::GroupSize::G128,
+        Some(g) => g
+            .parse::<i64>()
+            .map_err(|e| e.to_string())
+            .and_then(|n| int4::layout::GroupSize::from_checkpoint(n).map_err(|e| e.to_string()))
+            .unwrap_or_else(|e| fail(format!("--group {g}: {e}"))),
+    };
 
     let mut loaded: Vec<Loaded> = Vec::new();
     for spec in specs {
         let (before, file_before) = rss_anon_and_file().unwrap_or((0, 0));
         let peak = PeakRssAnon::start(Duration::from_millis(10));
-        let opts =
-            LoadOptions { path: spec.path, context, direct_dequant: spec.direct_dequant, ..LoadOptions::default() };
+        let opts = LoadOptions {
+            path: spec.path,
+            context,
+            direct_dequant: spec.direct_dequant,
+            group_size: group,
+            ..LoadOptions::default()
+        };
         let engine = Engine::load(&dir, &opts).unwrap_or_else(|e| fail(format!("loading {}: {e}", spec.name)));
         let peak = peak.stop();
         let (after, file_after) = rss_anon_and_file().unwrap_or((0, 0));
@@ -387,6 +402,7 @@ fn main() {
 
     let doc = json!({
         "schema": "int4-model-bench/2", "model": dir, "model_name": name, "synthetic": synthetic,
+        "group_size": format!("{group:?}"),
         "threads": threads, "quick": quick, "repetitions": plan.reps,
         "stream_read_gbs_mean": read_m, "stream_read_gbs_sd": read_sd, "stream_read_bytes": read_len,
         "rows": rows,
