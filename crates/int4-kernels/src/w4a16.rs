@@ -539,12 +539,11 @@ impl W4A16Linear {
                     let l = &w.lanes[lg];
                     let len = (k - 1) * l.stride + 8 * width;
                     let bytes = &w.packed[l.offset..l.offset + len];
-                    let sz: Vec<&[f32]> = (0..width).map(|d| w.lane_sz(lg + d)).collect();
-                    let mut rows: Vec<&mut [f32]> = chunk[i * m * 16..(i + width) * m * 16]
-                        .chunks_exact_mut(m * 16)
-                        .map(|tile| &mut tile[r0 * 16..(r0 + mr) * 16])
-                        .collect();
-                    decode_avx512_checked(tok, mr, xr, k, xsr, bytes, l.stride, &sz, g_len, &mut rows);
+                    // Slots past `width` repeat the last lane group; the kernel never touches them.
+                    let sz: [&[f32]; 4] = std::array::from_fn(|d| w.lane_sz(lg + d.min(width - 1)));
+                    let tiles = &mut chunk[i * m * 16..(i + width) * m * 16];
+                    let rows = TileRows { tiles, m, r0, mr, width };
+                    decode_avx512_checked(tok, xr, k, xsr, bytes, l.stride, sz, g_len, rows);
                     i += width;
                 }
                 r0 += mr;
@@ -774,40 +773,51 @@ fn decode_avx2_checked(
     }
 }
 
-/// Calls the AVX-512 decode for `mr` rows of `tiles.len()` (1, 2 or 4) side-by-side lane groups after
-/// checking every range it touches: `bytes` starts at the first lane group's offset and holds
-/// `8·tiles.len()` bytes per input channel at `stride`; `sz[i]` and `tiles[i]` are lane group `i`'s
-/// parameters and tile rows. Off x86-64 no `Avx512` token can exist, so this is never reached there.
+/// Rows `r0..r0 + mr` of `width` (1, 2 or 4) consecutive `[m][16]` lane-group tiles, back to back in
+/// `tiles`.
+struct TileRows<'a> {
+    tiles: &'a mut [f32],
+    m: usize,
+    r0: usize,
+    mr: usize,
+    width: usize,
+}
+
+/// Calls the AVX-512 decode for `rows` of `rows.width` side-by-side lane groups after checking every
+/// range it touches: `bytes` starts at the first lane group's offset and holds `8·width` bytes per input
+/// channel at `stride`; `sz[i]` are lane group `i`'s parameters (slots past `width` unused). Off x86-64 no
+/// `Avx512` token can exist, so this is never reached there.
 #[allow(clippy::too_many_arguments)]
 fn decode_avx512_checked(
     _tok: Avx512,
-    mr: usize,
     x: &[f32],
     k: usize,
     xs: &[f32],
     bytes: &[u8],
     stride: usize,
-    sz: &[&[f32]],
+    sz: [&[f32]; 4],
     g_len: usize,
-    tiles: &mut [&mut [f32]],
+    rows: TileRows<'_>,
 ) {
     let groups = k.div_ceil(g_len);
-    let width = tiles.len();
-    assert!((1..=DECODE_ROWS).contains(&mr) && matches!(width, 1 | 2 | 4) && sz.len() == width);
+    let TileRows { tiles, m, r0, mr, width } = rows;
+    assert!((1..=DECODE_ROWS).contains(&mr) && matches!(width, 1 | 2 | 4) && r0 + mr <= m);
     assert!(x.len() >= (mr - 1) * k + k && xs.len() >= mr * groups);
     assert!(bytes.len() >= (k - 1) * stride + 8 * width);
-    assert!(sz.iter().all(|p| p.len() >= groups * 32) && tiles.iter().all(|t| t.len() >= mr * 16));
+    assert!(sz.iter().all(|p| p.len() >= groups * 32) && tiles.len() >= width * m * 16);
     #[cfg(target_arch = "x86_64")]
     {
         use crate::x86_64::avx512::decode_lanes as d;
         let (xp, xsp, bp) = (x.as_ptr(), xs.as_ptr(), bytes.as_ptr());
-        // Unused slots repeat lane group 0's pointers; the kernel never touches them for this width.
-        let s: [*const f32; 4] = std::array::from_fn(|i| sz[i.min(width - 1)].as_ptr());
-        let t: [*mut f32; 4] = std::array::from_fn(|i| tiles[i.min(width - 1)].as_mut_ptr());
+        let s: [*const f32; 4] = sz.map(<[f32]>::as_ptr);
+        let base = tiles.as_mut_ptr();
+        // SAFETY: the assert gives width·m·16 floats of `tiles`, so each lane group's rows r0..r0 + mr
+        // (at i·m·16 + r0·16, i < width; slots past width repeat the last) are in range.
+        let t: [*mut f32; 4] = std::array::from_fn(|i| unsafe { base.add(i.min(width - 1) * m * 16 + r0 * 16) });
         // SAFETY: `Avx512` proves AVX-512 F/BW/VL, AVX2 and FMA on this CPU. The asserts give every range
         // `decode_lanes` reads (x rows r < mr of k floats at stride k; xs[r·groups + g]; 8·width bytes at
-        // kk·stride for kk < k; 32 floats per group of each of the width lane groups' parameters) and writes
-        // (mr rows of 16 floats of each of the width tiles): C pairs = width / 2, or HALF for width 1.
+        // kk·stride for kk < k; 32 floats per group of each lane group's parameters) and writes (mr rows of
+        // 16 floats of each of the width tiles): C pairs = width / 2, or HALF for width 1.
         unsafe {
             match (mr, width) {
                 (1, 4) => d::<1, 2, 2, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
