@@ -120,7 +120,7 @@ fn main() {
         let gn = |v: &[f32]| (0..groups * n).map(|i| v[(i % n) * groups + i / n]).collect::<Vec<f32>>();
         let zeros_gn: Vec<u8> = (0..groups * n).map(|i| qi.zero_points[(i % n) * groups + i / n]).collect();
         let w4a8 = W4A8Linear::new(
-            W4A8Weights::pack(&qi.codes, &gn(&qi.scales), Some(&zeros_gn), GroupSize::G128).unwrap(),
+            W4A8Weights::pack(&qi.codes, &gn(&qi.scales), Some(&zeros_gn), None, GroupSize::G128).unwrap(),
             None,
             IsaCaps::process(),
         )

@@ -13,12 +13,13 @@ use serde::{Deserialize, Serialize};
 use crate::config::NormalizedConfig;
 use crate::error::CacheError;
 
-/// Version of the key encoding itself.
-pub const KEY_FORMAT_VERSION: u32 = 1;
+/// Version of the key encoding itself. 2: load options ([`ArtifactKey::options`]).
+pub const KEY_FORMAT_VERSION: u32 = 2;
 
 /// Version of the packed layouts an artifact holds (bumped whenever any layout's bytes or the set of
 /// sections change). 2: W4A16 layers store their parameters in lane order (`lane_params`), read in place.
-pub const LAYOUT_FORMAT_VERSION: u32 = 2;
+/// 3: W4A8 layers quantized at load hold float zeros as a `w4a8_offsets` section.
+pub const LAYOUT_FORMAT_VERSION: u32 = 3;
 
 /// One source file's identity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +127,9 @@ pub struct ArtifactKey {
     pub plan: PlanDecision,
     /// The CPU features the artifact's layout depends on, sorted.
     pub cpu_features: Vec<String>,
+    /// Load options outside the plan and the quantization config that change the packed bytes (such as
+    /// an 8-bit head), by name.
+    pub options: std::collections::BTreeMap<String, serde_json::Value>,
     /// The source checkpoint.
     pub source: SourceIdentity,
 }
@@ -147,8 +151,15 @@ impl ArtifactKey {
             quantization,
             plan: PlanDecision::from(plan),
             cpu_features,
+            options: Default::default(),
             source,
         }
+    }
+
+    /// The key with load option `name` set to `value`.
+    pub fn with_option(mut self, name: &str, value: serde_json::Value) -> Self {
+        self.options.insert(name.to_string(), value);
+        self
     }
 
     /// The canonical encoding: compact JSON of the whole struct with every map's keys sorted.

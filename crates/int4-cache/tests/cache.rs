@@ -87,7 +87,7 @@ fn canonical_encodings() {
 #[test]
 fn changing_any_single_field_changes_the_key() {
     let base = a_key("0123");
-    let ArtifactKey { key_format, crate_version, layout_version, quantization, plan, cpu_features, source } =
+    let ArtifactKey { key_format, crate_version, layout_version, quantization, plan, cpu_features, options, source } =
         base.clone();
     let mut variants = Vec::new();
     variants.push(ArtifactKey { key_format: key_format + 1, ..base.clone() });
@@ -111,6 +111,9 @@ fn changing_any_single_field_changes_the_key() {
         variants.push(ArtifactKey { plan: p, ..base.clone() });
     }
     variants.push(ArtifactKey { cpu_features: vec![cpu_features[0].clone()], ..base.clone() });
+    assert!(options.is_empty());
+    variants.push(base.clone().with_option("head_bits", json!(8)));
+    variants.push(base.clone().with_option("head_bits", json!(4)));
     let mut s = source.clone();
     s.files[0].size += 1;
     variants.push(ArtifactKey { source: s, ..base.clone() });

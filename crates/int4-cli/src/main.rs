@@ -12,8 +12,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use int4::engine::{Engine, LoadOptions, Next, PackProgress, PackedFrom, RunPath};
 use int4::gptq::GptqOptions;
+use int4::kernels::w4a8::ActivationScales;
 use int4::layout::GroupSize;
 use int4::layout::grid::ScaleSearch;
+use int4::linear::HeadBits;
 use int4::quantize::{ExportFormat, Method, QuantizeOptions, QuantizeReport, quantize_checkpoint};
 use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
@@ -81,6 +83,9 @@ struct EvalArgs {
     /// Tokens per window (each window is one prefill in a fresh KV cache).
     #[arg(long, default_value_t = 512)]
     ctx: usize,
+    /// Score only positions from this one on in each window (llama-perplexity scores from ctx/2).
+    #[arg(long, default_value_t = 0)]
+    score_from: usize,
     /// Also write the report as JSON (schema int4-eval/1) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -267,6 +272,41 @@ struct EngineArgs {
     /// Pack the weights in memory and neither read nor write the artifact cache.
     #[arg(long)]
     no_cache: bool,
+    /// W4A8: one int8 activation scale per weight group (finer), or one per token.
+    #[arg(long, value_enum, default_value_t = ActScalesArg::PerGroup)]
+    act_scales: ActScalesArg,
+    /// W4A8: bits for a head the checkpoint stores unquantized (8: llama.cpp's Q8_0 grid, groups of 32;
+    /// a tied embedding follows the head).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(4..=8))]
+    head_bits: u8,
+}
+
+impl EngineArgs {
+    /// The options these flags set on a load.
+    fn apply(&self, opts: &mut LoadOptions) -> Result<(), String> {
+        opts.activation_scales = self.act_scales.scales();
+        opts.head_bits = match self.head_bits {
+            4 => HeadBits::Four,
+            8 => HeadBits::Eight,
+            b => return Err(format!("--head-bits {b}: 4 or 8")),
+        };
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ActScalesArg {
+    PerGroup,
+    PerToken,
+}
+
+impl ActScalesArg {
+    fn scales(self) -> ActivationScales {
+        match self {
+            ActScalesArg::PerGroup => ActivationScales::PerGroup,
+            ActScalesArg::PerToken => ActivationScales::PerToken,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -350,7 +390,9 @@ fn load_options(path: PathArg, priority: Priority, context: usize, no_cache: boo
 fn load_engine(dir: &std::path::Path, run: &RunArgs, context: usize) -> Result<Engine, Box<dyn std::error::Error>> {
     let e = &run.engine;
     start_threads(e.threads)?;
-    let engine = Engine::load(dir, &load_options(run.path, priority(&e.priority)?, context, e.no_cache))?;
+    let mut opts = load_options(run.path, priority(&e.priority)?, context, e.no_cache);
+    e.apply(&mut opts)?;
+    let engine = Engine::load(dir, &opts)?;
     for w in &engine.warnings {
         eprintln!("[int4] warning: {w}");
     }
@@ -574,6 +616,7 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         let mut opts = load_options(PathArg::Auto, prio, a.ctx, a.engine.no_cache);
         opts.path = path;
         opts.group_size = group;
+        a.engine.apply(&mut opts)?;
         let engine = Engine::load(dir, &opts)?;
         for w in &engine.warnings {
             eprintln!("[int4] warning: {w}");
@@ -588,7 +631,7 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         indicatif::ProgressStyle::with_template("[int4] eval windows {bar:30} {pos}/{len} {elapsed}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let result = int4::eval::evaluate(&evaluated, &reference, &docs, a.ctx, |done, total| {
+    let result = int4::eval::evaluate_from(&evaluated, &reference, &docs, a.ctx, a.score_from, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });

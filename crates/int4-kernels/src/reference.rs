@@ -42,35 +42,56 @@ pub fn dense(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, bias: Option<&[
     y
 }
 
+/// The operands of the W4A8 reference, as plain tables.
+#[derive(Clone, Copy, Debug)]
+pub struct W4a8Operands<'a> {
+    /// Quantized activations `[M][k_padded]` (padding ignored).
+    pub xq: &'a [i8],
+    /// Rows.
+    pub m: usize,
+    /// Activation row stride.
+    pub k_padded: usize,
+    /// Activation scales `[M][G]` (per token: the same value across a row).
+    pub a_scales: &'a [f32],
+    /// Unpacked codes `[N][K]`.
+    pub codes: &'a Codes,
+    /// Weight scales `[G][N]`.
+    pub scales_gn: &'a [f32],
+    /// Integer zero points `[G][N]`; `None`: every zero is 8.
+    pub zero_points_gn: Option<&'a [u8]>,
+    /// Float offsets `[G][N]` (`w = s·(q − z) + f`); `None`: every offset is 0.
+    pub offsets_gn: Option<&'a [f32]>,
+    /// Group length in input channels.
+    pub g_len: usize,
+    /// Bias `[N]`.
+    pub bias: Option<&'a [f32]>,
+}
+
 /// The W4A8 reference, computed directly from unpacked codes: per weight group, the exact integer sum
-/// `Σ xq·(q − z)` (i64, then checked to fit the kernels' i32), then `out = fma(sum, a_scale[m]·w_scale[g][n],
-/// out)` in f32, groups in K order, starting from the bias (the kernels' documented arithmetic). `xq` is
-/// `[M][k_padded]` (padding ignored), `scales_gn` and `zero_points_gn` `[G][N]` (`None`: every zero is 8).
-#[allow(clippy::too_many_arguments)]
-pub fn w4a8(
-    xq: &[i8],
-    m: usize,
-    k_padded: usize,
-    a_scales: &[f32],
-    codes: &Codes,
-    scales_gn: &[f32],
-    zero_points_gn: Option<&[u8]>,
-    g_len: usize,
-    bias: Option<&[f32]>,
-) -> Vec<f32> {
-    let (n, k) = (codes.n(), codes.k());
-    let groups = k.div_ceil(g_len);
+/// `Σ xq·(q − z)` (i64, then checked to fit the kernels' i32), then
+/// `out = fma(sum, a_scale[m][g]·w_scale[g][n], out)` in f32 and, with float offsets,
+/// `out = fma(Σ xq, a_scale[m][g]·f[g][n], out)`, groups in K order, starting from the bias (the kernels'
+/// documented arithmetic).
+pub fn w4a8(o: &W4a8Operands) -> Vec<f32> {
+    let (n, k, m) = (o.codes.n(), o.codes.k(), o.m);
+    let groups = k.div_ceil(o.g_len);
+    assert_eq!(o.a_scales.len(), m * groups, "activation scales must be [M][G]");
     let mut out = vec![0.0f32; m * n];
     for r in 0..m {
         for col in 0..n {
-            let mut tot = bias.map_or(0.0, |b| b[col]);
+            let mut tot = o.bias.map_or(0.0, |b| b[col]);
             for g in 0..groups {
-                let z = i64::from(zero_points_gn.map_or(8, |z| z[g * n + col]));
-                let sum: i64 = (g * g_len..((g + 1) * g_len).min(k))
-                    .map(|kk| i64::from(xq[r * k_padded + kk]) * (i64::from(codes.get(col, kk)) - z))
-                    .sum();
+                let z = i64::from(o.zero_points_gn.map_or(8, |z| z[g * n + col]));
+                let span = g * o.g_len..((g + 1) * o.g_len).min(k);
+                let x = |kk: usize| i64::from(o.xq[r * o.k_padded + kk]);
+                let sum: i64 = span.clone().map(|kk| x(kk) * (i64::from(o.codes.get(col, kk)) - z)).sum();
                 let sum = i32::try_from(sum).expect("a W4A8 group sum fits in i32");
-                tot = (sum as f32).mul_add(a_scales[r] * scales_gn[g * n + col], tot);
+                let a_s = o.a_scales[r * groups + g];
+                tot = (sum as f32).mul_add(a_s * o.scales_gn[g * n + col], tot);
+                if let Some(f) = o.offsets_gn {
+                    let xsum = i32::try_from(span.map(x).sum::<i64>()).expect("an activation group sum fits in i32");
+                    tot = (xsum as f32).mul_add(a_s * f[g * n + col], tot);
+                }
             }
             out[r * n + col] = tot;
         }

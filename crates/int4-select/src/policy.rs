@@ -15,10 +15,10 @@
 //! 7. `wna16-portable` — anything, including other architectures.
 //!
 //! Rung 2 decodes with the AVX2 kernel and prefills
-//! on AMX-BF16 tiles (`direct_dequant: false` keeps the AVX2 split-halves prefill). W4A8 needs integer zero
-//! points: a `cpu_int4` checkpoint (float zeros) stays W4A16. An unquantized checkpoint takes W4A8 only when
-//! the path is forced, and is then quantized at load to integer zero points, as an asymmetric GPTQ
-//! checkpoint would be.
+//! on AMX-BF16 tiles (`direct_dequant: false` keeps the AVX2 split-halves prefill). Automatically, W4A8 is
+//! chosen for GPTQ checkpoints (integer zero points): a `cpu_int4` checkpoint is a W4A16 export and stays
+//! W4A16. Forced (`--path w4a8`), W4A8 takes any checkpoint: `cpu_int4`'s float zeros run as the kernels'
+//! float offsets, and an unquantized checkpoint is quantized at load on the same float-zero grid as W4A16.
 
 use int4_kernels::KernelId;
 use int4_kernels::isa::IsaLevel;
@@ -224,7 +224,7 @@ fn w4a8_gate(kind: CheckpointKind, prio: Priority) -> Result<(), String> {
     if !kind.integer_zeros() {
         return Err(match kind {
             CheckpointKind::CpuInt4 => {
-                "W4A8 needs integer zero points; cpu_int4 has float zeros, so it stays W4A16 (no z·Σx term is carried)"
+                "cpu_int4 is a W4A16 export, kept on W4A16 unless forced (`--path w4a8` runs its float zeros as offsets)"
                     .into()
             }
             _ => "W4A8 needs integer zero points: a GPTQ checkpoint, or `--path w4a8` to quantize at load".into(),
@@ -379,10 +379,12 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
         if forced_out {
             continue;
         }
-        // Forcing W4A8 overrides the priority; an unquantized checkpoint is then quantized at load to
-        // integer zero points, which is what an asymmetric GPTQ checkpoint holds.
+        // Forcing W4A8 overrides the priority and takes any checkpoint: float zeros (cpu_int4, or an
+        // unquantized checkpoint quantized at load on the float-zero grid) run as the kernels' float offsets.
         let (kind, priority) = match (o.path, kind) {
-            (PathChoice::W4a8, CheckpointKind::Bf16) => (CheckpointKind::GptqAsym, Priority::Speed),
+            (PathChoice::W4a8, CheckpointKind::Bf16 | CheckpointKind::CpuInt4) => {
+                (CheckpointKind::GptqAsym, Priority::Speed)
+            }
             (PathChoice::W4a8, _) => (kind, Priority::Speed),
             _ => (kind, priority),
         };

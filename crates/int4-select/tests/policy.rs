@@ -165,9 +165,9 @@ fn overrides_caps_and_forced_paths() {
     let w4a8 = Overrides { path: PathChoice::W4a8, ..Overrides::default() };
     let p = plan(&hsw, CheckpointKind::Bf16, Priority::Fidelity, &w4a8).unwrap();
     assert_eq!((p.path.as_str(), p.prefill.kernel.as_str()), ("w4a8-avx2", "w4a8-avx2"));
-    // ... but never a cpu_int4 checkpoint's float zeros.
-    let e = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &w4a8).unwrap_err();
-    assert!(e.missing.contains("float zeros"), "{e}");
+    // ... and a cpu_int4 checkpoint, whose float zeros run as the kernels' float offsets.
+    let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Fidelity, &w4a8).unwrap();
+    assert_eq!((p.path.as_str(), p.decode.kernel.as_str()), ("w4a8-avx2", "w4a8-avx2"));
     // A forced path keeps its numerics where no SIMD rung of it runs: its portable kernels (never
     // chosen automatically, which falls back to wna16), with every faster rung's reason reported.
     let sse = linux("sse_only");
@@ -190,9 +190,9 @@ fn overrides_caps_and_forced_paths() {
     assert!(p.rejected.iter().any(|r| r.path == "w4a16-avx2" && r.why.contains("INT4_ISA")));
     let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
     assert_eq!(p.path, "wna16-portable");
-    // A forced W4A8 on float zeros stays an error on every rung, the portable one included.
-    let e = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &w4a8).unwrap_err();
-    assert!(e.missing.contains("w4a8-portable: W4A8 needs integer zero points"), "{e}");
+    // A forced W4A8 on float zeros runs on every rung, the portable one included.
+    let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &w4a8).unwrap();
+    assert_eq!(p.path, "w4a8-portable");
     let p = plan(
         &sse,
         CheckpointKind::Bf16,

@@ -19,6 +19,7 @@ use int4_cache::config::{NormalizedConfig, normalize};
 use int4_cache::{Artifact, ArtifactKey, ArtifactStore, MappedArtifact, SourceIdentity};
 use int4_kernels::bytes::SharedBytes;
 use int4_kernels::isa::{Feature, IsaLevel};
+use int4_kernels::w4a8::ActivationScales;
 use int4_kernels::w4a16::W4A16Config;
 use int4_layout::GroupSize;
 use int4_layout::tinygemm::TinygemmBlock;
@@ -26,7 +27,7 @@ use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, PathChoice, P
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::linear::Numerics;
+use crate::linear::{HeadBits, Numerics};
 use crate::model::{KvCache, Model};
 use crate::quantized::QuantFormat;
 use crate::sampling::{Sampler, SamplingConfig};
@@ -42,7 +43,7 @@ pub enum RunPath {
     W4a16,
     /// 4-bit weights, the portable fallback.
     Wna16,
-    /// 4-bit weights with integer zero points, int8 activations (fastest, less faithful).
+    /// 4-bit weights, int8 activations (fastest, less faithful).
     W4a8,
     /// Unquantized bf16 weights.
     Bf16,
@@ -71,6 +72,11 @@ pub struct LoadOptions {
     /// of dequantizing straight from the decode layout (more memory; `None` lets the policy decide, which
     /// is direct dequantization).
     pub direct_dequant: Option<bool>,
+    /// W4A8: activation scales per group (default) or per token.
+    pub activation_scales: ActivationScales,
+    /// W4A8: the bits of a head the checkpoint stores unquantized (default 4; 8 keeps it, and a tied
+    /// embedding, on llama.cpp's Q8_0 grid).
+    pub head_bits: HeadBits,
 }
 
 /// A callback told `(done, total)` as layers are packed; called from the packing threads.
@@ -94,6 +100,8 @@ impl Default for LoadOptions {
             cache: Some(ArtifactStore::from_env()),
             progress: None,
             direct_dequant: None,
+            activation_scales: ActivationScales::default(),
+            head_bits: HeadBits::default(),
         }
     }
 }
@@ -201,7 +209,7 @@ impl Engine {
         warnings.extend(Model::load_notes(&cfg, &ckpt, numerics, format.as_ref()));
         let (model, packed_from) = match (&plan, &opts.cache) {
             (Some(plan), Some(store)) if numerics.is_packed() => {
-                let key = artifact_key(plan, &quantization, group, &ckpt, store)?;
+                let key = artifact_key(plan, numerics, &quantization, group, &ckpt, store)?;
                 let mut built = false;
                 let (artifact, w) = store.get_or_build(&key, || {
                     built = true;
@@ -429,6 +437,7 @@ fn read_quantization_config(dir: &Path, cfg: &ModelConfig) -> Result<NormalizedC
 /// or mtime changes).
 fn artifact_key(
     plan: &Plan,
+    numerics: Numerics,
     checkpoint: &NormalizedConfig,
     group: GroupSize,
     ckpt: &Checkpoint,
@@ -458,7 +467,11 @@ fn artifact_key(
     let _ = std::fs::create_dir_all(store.dir());
     let source =
         SourceIdentity::of_files(&ckpt.files(), Some(&index)).map_err(|e| Error::new("checkpoint", e.to_string()))?;
-    Ok(ArtifactKey::new(quantization, plan, features, source))
+    let key = ArtifactKey::new(quantization, plan, features, source);
+    Ok(match numerics {
+        Numerics::W4a8 { head: HeadBits::Eight, .. } => key.with_option("head_bits", serde_json::json!(8)),
+        _ => key,
+    })
 }
 
 /// What `int4 info` says about a model directory, without loading its weights.
@@ -532,7 +545,7 @@ impl Engine {
             .collect();
         let cached = match (&plan, &opts.cache) {
             (Some(p), Some(store)) if numerics.is_packed() => {
-                let key = artifact_key(p, &quantization, group, &ckpt, store)?;
+                let key = artifact_key(p, numerics, &quantization, group, &ckpt, store)?;
                 Some(matches!(store.load(&key), int4_cache::Lookup::Hit(_)))
             }
             _ => None,
@@ -669,7 +682,9 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
             level: p.decode.isa,
         },
         PackedLayout::RowMajor => Numerics::Wna16 { group },
-        PackedLayout::W4a8Vnni => Numerics::W4a8 { group, level: p.decode.isa },
+        PackedLayout::W4a8Vnni => {
+            Numerics::W4a8 { group, level: p.decode.isa, activations: opts.activation_scales, head: opts.head_bits }
+        }
         PackedLayout::Bf16 => Numerics::Bf16,
     };
     Ok((numerics, Some(p)))

@@ -55,7 +55,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::engine::{Engine, RunPath};
-use crate::linear::Numerics;
+use crate::linear::{HeadBits, Numerics};
 use crate::model::Model;
 use crate::sampling::argmax;
 
@@ -102,6 +102,13 @@ pub enum EvalError {
     /// `ctx` below 2: a window of one token scores nothing.
     ContextTooSmall {
         /// The context asked for.
+        ctx: usize,
+    },
+    /// `score_from` leaves no position of a `ctx`-token window to score.
+    ScoreFromTooLarge {
+        /// The first position asked for.
+        score_from: usize,
+        /// The window length.
         ctx: usize,
     },
     /// `ctx` beyond what a model was trained for (`max_position_embeddings`).
@@ -170,6 +177,11 @@ impl fmt::Display for EvalError {
                 "the evaluation text is too short: {tokens} token(s) at most per document, and at least 2 are \
                  needed to score a next token"
             ),
+            EvalError::ScoreFromTooLarge { score_from, ctx } => write!(
+                f,
+                "--score-from {score_from}: a window of {ctx} tokens scores positions 0..{} only",
+                ctx.saturating_sub(1)
+            ),
             EvalError::ContextTooSmall { ctx } => {
                 write!(f, "--ctx {ctx}: must be at least 2 (a window scores every token after its first)")
             }
@@ -237,7 +249,7 @@ pub fn parse_reference(name: &str) -> Result<RunPath, EvalError> {
     }
 }
 
-/// What ran, in words: `f32`, `bf16`, `w4a16 g32`, `wna16 g128`, `w4a8 g32`.
+/// What ran, in words: `f32`, `bf16`, `w4a16 g32`, `wna16 g128`, `w4a8 g32 (per-group activation scales)`.
 pub fn numerics_label(n: Numerics) -> String {
     let g = |g: crate::layout::GroupSize| match g.to_checkpoint() {
         -1 => "per-channel".to_string(),
@@ -248,7 +260,11 @@ pub fn numerics_label(n: Numerics) -> String {
         Numerics::Bf16 => "bf16".into(),
         Numerics::W4a16 { group, .. } => format!("w4a16 {}", g(group)),
         Numerics::Wna16 { group } => format!("wna16 {}", g(group)),
-        Numerics::W4a8 { group, .. } => format!("w4a8 {}", g(group)),
+        Numerics::W4a8 { group, activations, head, .. } => {
+            let head = if head == HeadBits::Eight { ", 8-bit head" } else { "" };
+            format!("w4a8 {} ({} activation scales{head})", g(group), activations.name())
+        }
+        Numerics::W8a8 { activations, .. } => format!("w8a8 g32 ({} activation scales)", activations.name()),
     }
 }
 
@@ -463,6 +479,8 @@ pub struct EvalReport {
     pub windows: usize,
     /// Tokens per window at most.
     pub ctx: usize,
+    /// The first position scored in each window.
+    pub score_from: usize,
     /// The documents, in order.
     pub text: Vec<String>,
 }
@@ -489,10 +507,11 @@ impl EvalReport {
             ));
         }
         s.push_str(&format!(
-            "\n{} tokens scored in {} windows of at most {} tokens, from {}\n",
+            "\n{} tokens scored in {} windows of at most {} tokens{}, from {}\n",
             self.tokens,
             self.windows,
             self.ctx,
+            if self.score_from > 0 { format!(" (from position {} of each)", self.score_from) } else { String::new() },
             self.text.join(", ")
         ));
         s
@@ -533,9 +552,26 @@ pub fn evaluate(
     reference: &Engine,
     docs: &[Document],
     ctx: usize,
+    progress: impl FnMut(usize, usize),
+) -> Result<EvalReport, EvalError> {
+    evaluate_from(path, reference, docs, ctx, 0, progress)
+}
+
+/// [`evaluate`], scoring only the positions from `score_from` on in each window (each still sees the
+/// whole window before it). `llama-perplexity` scores from `ctx/2`: with that, the two tools' figures
+/// cover the same positions of the same windows.
+pub fn evaluate_from(
+    path: &Engine,
+    reference: &Engine,
+    docs: &[Document],
+    ctx: usize,
+    score_from: usize,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<EvalReport, EvalError> {
     check_models(&path.model, &reference.model, ctx)?;
+    if score_from + 1 >= ctx {
+        return Err(EvalError::ScoreFromTooLarge { score_from, ctx });
+    }
     let mut windows: Vec<Vec<u32>> = Vec::new();
     let mut longest = 0;
     for d in docs {
@@ -556,7 +592,7 @@ pub fn evaluate(
     for (w, window) in windows.iter().enumerate() {
         let r = window_logits(&reference.model, window)?;
         let p = window_logits(&path.model, window)?;
-        let scores: Vec<Result<PositionScore, EvalError>> = (0..window.len() - 1)
+        let scores: Vec<Result<PositionScore, EvalError>> = (score_from.min(window.len() - 1)..window.len() - 1)
             .into_par_iter()
             .map(|i| {
                 let (rr, pr) = (&r[i * vocab..(i + 1) * vocab], &p[i * vocab..(i + 1) * vocab]);
@@ -588,6 +624,7 @@ pub fn evaluate(
         tokens: tally.positions,
         windows: windows.len(),
         ctx,
+        score_from,
         text: docs.iter().map(|d| d.name.clone()).collect(),
     })
 }

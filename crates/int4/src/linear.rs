@@ -5,9 +5,10 @@ use int4_kernels::bytes::SharedBytes;
 use int4_kernels::dense::{DenseLinear, DenseWeights};
 use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::portable::Wna16Linear;
-use int4_kernels::w4a8::{W4A8Linear, W4A8Weights};
+use int4_kernels::w4a8::int8::{Int8Linear, Int8Weights};
+use int4_kernels::w4a8::{ActivationScales, W4A8Linear, W4A8Weights};
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
-use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_integer_zero};
+use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
 use int4_layout::tinygemm::TinygemmBlock;
 use int4_layout::{GroupParams, GroupSize, rowmajor};
 
@@ -37,21 +38,50 @@ pub enum Numerics {
         /// Group size.
         group: GroupSize,
     },
-    /// 4-bit weights with integer zero points, activations quantized per token to int8. Quantized on load
-    /// (round-to-nearest, asymmetric integer grid) when the checkpoint is unquantized.
+    /// 4-bit weights, activations quantized to int8. Integer zero points as the checkpoint holds them
+    /// (GPTQ), float zeros as offsets (`cpu_int4`, or quantized on load: round to nearest on the same
+    /// asymmetric float-zero grid as W4A16).
     W4a8 {
         /// Group size.
         group: GroupSize,
         /// ISA the kernels run at.
         level: IsaLevel,
+        /// Activation scales per token or per group.
+        activations: ActivationScales,
+        /// Whether an unquantized head is held in 8 bits rather than 4.
+        head: HeadBits,
+    },
+    /// 8-bit symmetric weights (groups of 32, `amax/127`: llama.cpp's Q8_0 grid) on the W4A8 kernels as
+    /// two 4-bit planes, int8 activations: the W4A8 path's head with [`HeadBits::Eight`].
+    W8a8 {
+        /// ISA the kernels run at.
+        level: IsaLevel,
+        /// Activation scales per token or per group.
+        activations: ActivationScales,
     },
 }
+
+/// How many bits the W4A8 path gives a head the checkpoint stores unquantized (a head a quantized
+/// checkpoint stores in 4 bits runs as stored).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HeadBits {
+    /// 4 bits, like every other linear layer: the smallest and fastest.
+    #[default]
+    Four,
+    /// 8 bits ([`Numerics::W8a8`]): for a tied head, the embedding too. Costs one byte per weight, which
+    /// on a small model with a large vocabulary is a sizeable share of a decode step's reads.
+    Eight,
+}
+
+/// The group of [`Numerics::W8a8`] weights.
+pub const INT8_GROUP: GroupSize = GroupSize::G32;
 
 enum Imp {
     Dense(DenseLinear),
     W4a16(W4A16Linear),
     Wna16(Wna16Linear),
     W4a8(W4A8Linear),
+    Int8(Int8Linear),
 }
 
 /// `y = x·Wᵀ (+ bias)` with W `[n][k]`.
@@ -77,7 +107,16 @@ pub type SectionSource<'a> = &'a dyn Fn(&str) -> Option<SharedBytes>;
 impl Numerics {
     /// Whether the weights are quantized and packed (and so worth an artifact in the cache).
     pub fn is_packed(self) -> bool {
-        matches!(self, Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. })
+        matches!(self, Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } | Numerics::W8a8 { .. })
+    }
+
+    /// The numerics of a head the checkpoint stores unquantized: 8 bits where the W4A8 path asks for it,
+    /// else the model's own.
+    pub fn for_unquantized_head(self) -> Numerics {
+        match self {
+            Numerics::W4a8 { level, activations, head: HeadBits::Eight, .. } => Numerics::W8a8 { level, activations },
+            other => other,
+        }
     }
 }
 
@@ -115,7 +154,7 @@ impl Linear {
                 let wb = w.iter().map(|&x| half::bf16::from_f32(x)).collect();
                 Imp::Dense(DenseLinear::new(n, k, DenseWeights::Bf16(wb), bias).map_err(|e| err(&e))?)
             }
-            Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } => {
+            Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } | Numerics::W8a8 { .. } => {
                 let mut sections: Vec<(String, SharedBytes)> =
                     Self::pack(name, w, n, k, numerics)?.into_iter().map(|(s, b)| (s, b.into())).collect();
                 let get = |s: &str| sections.iter().position(|(n, _)| n == s).map(|i| sections[i].1.clone());
@@ -146,6 +185,12 @@ impl Linear {
         let QuantLinear { codes, params, zeros, perm } = q;
         let mut out = match numerics {
             Numerics::F32 | Numerics::Bf16 => return Ok(Vec::new()),
+            Numerics::W8a8 { .. } => {
+                return Err(Error::new(
+                    name,
+                    "8-bit weights are quantized from unquantized weights; this layer is stored in 4 bits",
+                ));
+            }
             Numerics::W4a16 { block, config, .. } => {
                 let (codes, params) = (codes.padded_n(16), params.padded_n(16));
                 let weights = W4A16Weights::new(&codes, params, block, config.direct_dequant).map_err(|e| err(&e))?;
@@ -164,25 +209,39 @@ impl Linear {
             ],
             Numerics::W4a8 { group, .. } => {
                 let (n, groups) = (codes.n(), params.groups());
-                let Some(zeros_ng) = zeros.per_group(n, groups) else {
-                    return Err(Error::new(
-                        name,
-                        "W4A8 needs integer zero points; this checkpoint stores float zeros (cpu_int4)",
-                    ));
-                };
                 let np = n.next_multiple_of(16);
                 let codes = codes.padded_n(16);
-                // [N][G] → [G][N], padded channels with scale 0 and zero point 8 (their outputs are dropped).
+                // [N][G] → [G][N], padded channels with scale 0, zero point 8 and offset 0 (their outputs
+                // are dropped).
                 let mut scales_gn = vec![0.0f32; groups * np];
-                let mut zeros_gn = vec![8u8; groups * np];
                 for row in 0..n {
                     for g in 0..groups {
                         scales_gn[g * np + row] = params.scale(row, g);
-                        zeros_gn[g * np + row] = zeros_ng[row * groups + g];
                     }
                 }
-                let symmetric = zeros == IntegerZeros::Symmetric;
-                let w = W4A8Weights::pack(&codes, &scales_gn, (!symmetric).then_some(&zeros_gn[..]), group)
+                // Integer zero points ride in the i32 sums; float zeros (`w = s·(q − 8) + zero`, as
+                // `cpu_int4` and the load-time grid hold them) become the kernels' float offsets.
+                let (zeros_gn, offsets_gn) = match zeros.per_group(n, groups) {
+                    Some(zeros_ng) => {
+                        let mut zeros_gn = vec![8u8; groups * np];
+                        for row in 0..n {
+                            for g in 0..groups {
+                                zeros_gn[g * np + row] = zeros_ng[row * groups + g];
+                            }
+                        }
+                        ((zeros != IntegerZeros::Symmetric).then_some(zeros_gn), None)
+                    }
+                    None => {
+                        let mut offsets_gn = vec![0.0f32; groups * np];
+                        for row in 0..n {
+                            for g in 0..groups {
+                                offsets_gn[g * np + row] = params.zero(row, g);
+                            }
+                        }
+                        (None, Some(offsets_gn))
+                    }
+                };
+                let w = W4A8Weights::pack(&codes, &scales_gn, zeros_gn.as_deref(), offsets_gn.as_deref(), group)
                     .map_err(|e| err(&e))?;
                 let mut out = vec![
                     (section(name, "w4a8"), w.packed().to_vec()),
@@ -190,6 +249,9 @@ impl Linear {
                 ];
                 if let Some(z) = w.zeros() {
                     out.push((section(name, "w4a8_zeros"), z.to_vec()));
+                }
+                if let Some(f) = w.offsets_le_bytes() {
+                    out.push((section(name, "w4a8_offsets"), f));
                 }
                 out
             }
@@ -200,27 +262,31 @@ impl Linear {
         Ok(out)
     }
 
-    /// Quantizes `w` (`[n][k]`, round to nearest on the asymmetric grid) and packs it for `numerics`: the
-    /// named byte sections an artifact stores for this layer. Empty for the unquantized numerics.
+    /// Quantizes `w` (`[n][k]`, round to nearest on the asymmetric grid with float zeros, the same grid
+    /// for every 4-bit numerics) and packs it for `numerics`: the named byte sections an artifact stores
+    /// for this layer. Empty for the unquantized numerics.
     pub fn pack(name: &str, w: Vec<f32>, n: usize, k: usize, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
         let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
         match numerics {
             Numerics::F32 | Numerics::Bf16 => Ok(Vec::new()),
-            Numerics::W4a16 { group, .. } | Numerics::Wna16 { group } => {
+            Numerics::W4a16 { group, .. } | Numerics::Wna16 { group } | Numerics::W4a8 { group, .. } => {
                 let q =
                     quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
                 drop(w);
                 let q = QuantLinear { codes: q.codes, params: q.params, zeros: IntegerZeros::Absent, perm: None };
                 Self::pack_codes(name, q, numerics)
             }
-            Numerics::W4a8 { group, .. } => {
-                let q = quantize_integer_zero(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32)
-                    .map_err(|e| err(&e))?;
-                drop(w);
-                let params = q.to_float_zero().map_err(|e| err(&e))?;
-                let q =
-                    QuantLinear { codes: q.codes, params, zeros: IntegerZeros::PerGroup(q.zero_points), perm: None };
-                Self::pack_codes(name, q, numerics)
+            Numerics::W8a8 { .. } => {
+                // Padded channels are zero weights (scale 1, codes 0); their outputs are dropped.
+                let np = n.next_multiple_of(16);
+                let mut w = w;
+                w.resize(np * k, 0.0);
+                let q = Int8Weights::quantize(&w, np, k, INT8_GROUP).map_err(|e| err(&e))?;
+                Ok(vec![
+                    (section(name, "int8_hi"), q.hi().packed().to_vec()),
+                    (section(name, "int8_lo"), q.lo().packed().to_vec()),
+                    (section(name, "int8_scales"), q.lo().scales_le_bytes()),
+                ])
             }
         }
     }
@@ -274,12 +340,13 @@ impl Linear {
                 let imp = Imp::Wna16(Wna16Linear::new(need("rowmajor")?, params, bias).map_err(|e| err(&e))?);
                 Linear { n, k, n_padded: n, perm: None, imp }
             }
-            Numerics::W4a8 { group, level } => {
+            Numerics::W4a8 { group, level, activations, .. } => {
                 let np = n.next_multiple_of(16);
                 let weights = W4A8Weights::from_parts(
                     need("w4a8")?,
                     need("w4a8_scales")?,
                     get(&section(name, "w4a8_zeros")),
+                    get(&section(name, "w4a8_offsets")),
                     (np, k, group),
                 )
                 .map_err(|e| err(&e))?;
@@ -287,7 +354,29 @@ impl Linear {
                     b.resize(np, 0.0);
                     b
                 });
-                let imp = Imp::W4a8(W4A8Linear::forced(weights, bias, level, caps).map_err(|e| err(&e))?);
+                let layer = W4A8Linear::forced(weights, bias, level, caps).map_err(|e| err(&e))?;
+                let imp = Imp::W4a8(layer.with_activation_scales(activations));
+                Linear { n, k, n_padded: np, perm: None, imp }
+            }
+            Numerics::W8a8 { level, activations } => {
+                let np = n.next_multiple_of(16);
+                let dims = (np, k, INT8_GROUP);
+                let lo_scales = need("int8_scales")?;
+                let hi_scales: Vec<u8> = lo_scales
+                    .chunks_exact(4)
+                    .flat_map(|c| (16.0 * f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+                    .collect();
+                let zeros: SharedBytes = vec![0u8; INT8_GROUP.groups(k) * np].into();
+                let hi = W4A8Weights::from_parts(need("int8_hi")?, hi_scales.into(), None, None, dims);
+                let lo = W4A8Weights::from_parts(need("int8_lo")?, lo_scales, Some(zeros), None, dims);
+                let weights = Int8Weights::from_planes(hi.map_err(|e| err(&e))?, lo.map_err(|e| err(&e))?)
+                    .map_err(|e| err(&e))?;
+                let bias = bias.map(|mut b| {
+                    b.resize(np, 0.0);
+                    b
+                });
+                let layer = Int8Linear::forced(weights, bias, level, caps).map_err(|e| err(&e))?;
+                let imp = Imp::Int8(layer.with_activation_scales(activations));
                 Linear { n, k, n_padded: np, perm: None, imp }
             }
         };
@@ -311,6 +400,7 @@ impl Linear {
             Imp::W4a16(l) => l.kernel_for(m),
             Imp::Wna16(l) => l.kernel(),
             Imp::W4a8(l) => l.kernel_for(m),
+            Imp::Int8(l) => l.kernel_for(m),
         }
     }
 
@@ -329,6 +419,7 @@ impl Linear {
             Imp::Dense(_) => return None,
             Imp::W4a16(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
             Imp::W4a8(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
+            Imp::Int8(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
             Imp::Wna16(l) => {
                 let bytes = &l.row_major()[row * self.k / 2..(row + 1) * self.k / 2];
                 let mut codes = vec![0u8; self.k];
@@ -349,6 +440,7 @@ impl Linear {
             Imp::W4a16(l) => l.weights().resident_bytes(),
             Imp::Wna16(_) => self.n * self.k / 2 + self.n * self.k.div_ceil(32) * 8,
             Imp::W4a8(l) => l.weights().resident_bytes(),
+            Imp::Int8(l) => l.weights().resident_bytes(),
         }
     }
 
@@ -378,6 +470,7 @@ impl Linear {
                 Imp::W4a16(l) => l.forward(x, m, out),
                 Imp::Wna16(l) => l.forward(x, m, out),
                 Imp::W4a8(l) => l.forward(x, m, out),
+                Imp::Int8(l) => l.forward(x, m, out),
             }
         };
         if self.n_padded == self.n {

@@ -500,14 +500,19 @@ impl Model {
         progress: Option<&(dyn Fn(usize, usize) + Send + Sync)>,
     ) -> Result<Vec<(String, Vec<u8>)>> {
         let specs = linear_specs(cfg, ckpt);
+        let head = specs.len() - 1;
         let done = std::sync::atomic::AtomicUsize::new(0);
         // Layers in parallel, each task holding one layer's f32 weights while it quantizes them.
         let packed: Vec<Vec<(String, Vec<u8>)>> = specs
             .par_iter()
-            .map(|spec| {
+            .enumerate()
+            .map(|(i, spec)| {
                 let sections = match spec.quantized(ckpt, format)? {
                     Some(q) => Linear::pack_codes(&spec.name, q, numerics),
-                    None => Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics),
+                    None => {
+                        let numerics = if i == head { numerics.for_unquantized_head() } else { numerics };
+                        Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics)
+                    }
                 };
                 if let Some(report) = progress {
                     report(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, specs.len());
@@ -562,8 +567,11 @@ impl Model {
         format: Option<&QuantFormat>,
     ) -> Result<Self> {
         let h = cfg.hidden_size;
-        let linear = |spec: &LinearSpec| -> Result<Linear> {
+        let linear = |spec: &LinearSpec, is_head: bool| -> Result<Linear> {
             let bias = spec.bias(ckpt)?;
+            // A head the checkpoint leaves unquantized may take its own numerics (an 8-bit head).
+            let stored = format.is_some_and(|f| spec.quantized_in(ckpt, f));
+            let numerics = if is_head && !stored { numerics.for_unquantized_head() } else { numerics };
             if let (Some(get), true) = (packed, numerics.is_packed()) {
                 return Linear::from_sections(&spec.name, spec.n, spec.k, bias, numerics, get);
             }
@@ -586,16 +594,16 @@ impl Model {
             };
             layers.push(Layer {
                 attn_norm: ckpt.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
-                qkv: linear(&s[0])?,
+                qkv: linear(&s[0], false)?,
                 q_norm,
                 k_norm,
-                o: linear(&s[1])?,
+                o: linear(&s[1], false)?,
                 mlp_norm: ckpt.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_up: linear(&s[2])?,
-                down: linear(&s[3])?,
+                gate_up: linear(&s[2], false)?,
+                down: linear(&s[3], false)?,
             });
         }
-        let head = linear(specs.last().expect("the head is always listed"))?;
+        let head = linear(specs.last().expect("the head is always listed"), true)?;
         // A tied packed head serves the embedding lookup from its own rows: no second copy of the table.
         let embed = if head_is_tied(&cfg, ckpt) && numerics.is_packed() {
             Embedding::FromHead

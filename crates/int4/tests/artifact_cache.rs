@@ -140,3 +140,44 @@ fn unquantized_paths_pack_nothing() {
     }
     assert_eq!(artifacts(&dir), 0);
 }
+
+/// W4A8 with an 8-bit head: the option is part of the key (a 4-bit-head artifact is never reused for it),
+/// cold and warm loads compute what an uncached load does, and on the tiny model's f32 head the 8-bit
+/// head moves the logits less than the 4-bit one.
+#[test]
+fn an_eight_bit_head_has_its_own_artifact_and_is_closer_to_f32() {
+    use int4::linear::HeadBits;
+    let model = tiny_model("cache-head8");
+    let dir = store_dir("head8");
+    let load_head = |head_bits, cache: Option<&Path>| {
+        let opts = LoadOptions {
+            path: RunPath::W4a8,
+            group_size: GroupSize::G32,
+            context: 64,
+            cache: cache.map(ArtifactStore::new),
+            head_bits,
+            ..LoadOptions::default()
+        };
+        Engine::load(&model, &opts).unwrap()
+    };
+    let four = load_head(HeadBits::Four, Some(&dir));
+    assert!(matches!(four.packed_from, PackedFrom::Built(_)));
+    let cold = load_head(HeadBits::Eight, Some(&dir));
+    assert!(matches!(cold.packed_from, PackedFrom::Built(_)), "the 8-bit head reused the 4-bit head's artifact");
+    assert!(cold.warnings.is_empty(), "{:?}", cold.warnings);
+    let warm = load_head(HeadBits::Eight, Some(&dir));
+    assert!(matches!(warm.packed_from, PackedFrom::Cache(_)));
+    let want = logits(&load_head(HeadBits::Eight, None));
+    assert_eq!(logits(&cold), want);
+    assert_eq!(logits(&warm), want);
+    assert_eq!(artifacts(&dir), 2);
+    // The head holds a byte per weight (two 4-bit planes), more than the 4-bit head.
+    assert!(cold.model.weight_bytes() > four.model.weight_bytes());
+    let f32_logits: Vec<f32> =
+        logits(&load(&model, RunPath::F32, GroupSize::G32, None)).into_iter().map(f32::from_bits).collect();
+    let err = |e: &Engine| -> f64 {
+        logits(e).into_iter().zip(&f32_logits).map(|(a, b)| f64::from(f32::from_bits(a) - b).powi(2)).sum()
+    };
+    let (e4, e8) = (err(&four), err(&cold));
+    assert!(e8 < e4, "8-bit head error {e8} is not below the 4-bit head's {e4}");
+}

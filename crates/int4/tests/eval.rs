@@ -106,7 +106,7 @@ fn a_quantized_path_differs_from_the_reference() {
     let docs = read_text(Some(&texts)).unwrap();
     for (path, group, label) in [
         (RunPath::W4a16, GroupSize::G32, "w4a16 g32"),
-        (RunPath::W4a8, GroupSize::G32, "w4a8 g32"),
+        (RunPath::W4a8, GroupSize::G32, "w4a8 g32 (per-group activation scales)"),
         (RunPath::Bf16, GroupSize::G128, "bf16"),
     ] {
         let e = load(&dir, path, group);

@@ -2,14 +2,19 @@
 //!
 //! # What is computed
 //!
-//! * **Activations** ([`quantize_activations`]): per token, `scale = amax/127` and
-//!   `xq = round(x/scale)` (ties to even, clamped to ±127), kept signed. Each row also records
-//!   `Σ xq` per weight group.
+//! * **Activations** ([`quantize_activations`]): `scale = amax/127` and `xq = round(x/scale)` (ties to
+//!   even, clamped to ±127), kept signed, with one scale per token ([`ActivationScales::PerToken`]) or
+//!   one per token and weight group ([`ActivationScales::PerGroup`], the default: finer, at no cost in
+//!   the kernels, whose epilogue multiplies by a per-group scale product either way). Each row also
+//!   records `Σ xq` per weight group.
 //! * **Weights** ([`W4A8Weights::pack`]): the checkpoint's unsigned codes `q` in `0..16`, with the group
-//!   scales and integer zero points (the constant 8 for symmetric checkpoints, the checkpoint's own for
-//!   asymmetric ones).
+//!   scales `s`, integer zero points `z` (the constant 8 for symmetric checkpoints, the checkpoint's own
+//!   for asymmetric ones) and, optionally, float offsets `f`: `w = s·(q − z) + f`. The offsets carry
+//!   float zero points (a `cpu_int4` checkpoint, or GGUF Q4_1's `d·q + m`, which integer zero points
+//!   cannot hold: there `z = 8` and `f` is the float zero).
 //! * **Per group**: `acc = Σ xq·q − z·Σ xq`, which is `Σ xq·(q − z)` exactly, in i32. Then
-//!   `out = fma(acc, a_scale[m]·w_scale[g][n], out)` in f32, groups in K order, starting from the bias.
+//!   `out = fma(acc, a_scale[m][g]·s[g][n], out)` in f32 and, with offsets,
+//!   `out = fma(Σ xq, a_scale[m][g]·f[g][n], out)`; groups in K order, starting from the bias.
 //!
 //! Keeping the codes unsigned makes them the unsigned operand of every x86 byte dot product (`vpmaddubsw`,
 //! `vpdpbusd`, `tdpbsud` with A signed and B unsigned), and the activations the signed one. So no +128
@@ -35,6 +40,7 @@
 //! the same order, so all of them agree with [`crate::reference::w4a8`] bit for bit.
 
 pub mod amx;
+pub mod int8;
 pub mod tile;
 
 use std::ops::Range;
@@ -55,7 +61,27 @@ pub const AMX_MIN_ROWS: usize = 16;
 /// Bytes per 16 channels × 8 input channels.
 const CHUNK: usize = 64;
 
-/// Per-token int8 activations, K padded to the weights' block, with per-group sums.
+/// How finely activations are scaled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ActivationScales {
+    /// One scale per token (row).
+    PerToken,
+    /// One scale per token and weight group: an outlier costs precision only within its group.
+    #[default]
+    PerGroup,
+}
+
+impl ActivationScales {
+    /// The name used in kernel tables and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationScales::PerToken => "per-token",
+            ActivationScales::PerGroup => "per-group",
+        }
+    }
+}
+
+/// int8 activations, K padded to the weights' block, with per-group scales and sums.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizedActivations {
     /// Rows.
@@ -64,7 +90,8 @@ pub struct QuantizedActivations {
     pub k_padded: usize,
     /// `[m][k_padded]`.
     pub data: Vec<i8>,
-    /// Per-row scale (`amax/127`; 1 for an all-zero row).
+    /// `[m][groups]`: each group's scale (`amax/127` over the group, or over the row when per token; 1 for
+    /// all zeros).
     pub scales: Vec<f32>,
     /// `[m][groups]`: `Σ xq` over each weight group.
     pub sums: Vec<i32>,
@@ -77,40 +104,55 @@ fn round_ties_even_small(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
-/// One row's outputs while quantizing: index, codes, scale and group sums.
-type RowOut<'a> = (usize, ((&'a mut [i8], &'a mut f32), &'a mut [i32]));
+/// One row's outputs while quantizing: index, codes, group scales and group sums.
+type RowOut<'a> = (usize, ((&'a mut [i8], &'a mut [f32]), &'a mut [i32]));
 
-/// Quantizes `x` (`[m][k]`, `k = w.k()`) per row for the weights `w`.
-pub fn quantize_activations(x: &[f32], m: usize, w: &W4A8Weights) -> Result<QuantizedActivations, KernelError> {
+/// The scale for values of largest magnitude `amax`: `amax/127`, or 1 when there is nothing to scale.
+fn scale_for(amax: f32) -> f32 {
+    if amax > 0.0 && amax.is_finite() { amax / 127.0 } else { 1.0 }
+}
+
+fn amax(v: &[f32]) -> f32 {
+    v.iter().fold(0.0f32, |a, v| a.max(v.abs()))
+}
+
+/// Quantizes `x` (`[m][k]`, `k = w.k()`) for the weights `w`, scaled per token or per group.
+pub fn quantize_activations(
+    x: &[f32],
+    m: usize,
+    w: &W4A8Weights,
+    granularity: ActivationScales,
+) -> Result<QuantizedActivations, KernelError> {
     let (k, kp, groups) = (w.k, w.k_padded, w.groups);
     check_len("activations", m * k, x.len())?;
     let mut data = vec![0i8; m * kp];
-    let mut scales = vec![0.0f32; m];
+    let mut scales = vec![0.0f32; m * groups];
     let mut sums = vec![0i32; m * groups];
-    let quantize_row = |(r, ((q, scale), sums)): RowOut<'_>| {
+    let quantize_row = |(r, ((q, scales), sums)): RowOut<'_>| {
         let row = &x[r * k..(r + 1) * k];
-        let amax = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        *scale = if amax > 0.0 && amax.is_finite() { amax / 127.0 } else { 1.0 };
-        for (d, &v) in q[..k].iter_mut().zip(row) {
-            // NaN becomes 0 (a NaN activation has no int8 value); the clamp keeps ±127.
-            *d = round_ties_even_small((v / *scale).clamp(-127.0, 127.0)) as i8;
-        }
-        for (g, s) in sums.iter_mut().enumerate() {
+        let row_scale = (granularity == ActivationScales::PerToken).then(|| scale_for(amax(row)));
+        for (g, (scale, sum)) in scales.iter_mut().zip(sums.iter_mut()).enumerate() {
+            // The group's span within the unpadded row (the padding stays zero).
             let span = w.group_span(g);
-            let end = span.end.min(k);
-            *s = q[span.start.min(end)..end].iter().map(|&v| i32::from(v)).sum();
+            let span = span.start.min(k)..span.end.min(k);
+            let src = &row[span.clone()];
+            *scale = row_scale.unwrap_or_else(|| scale_for(amax(src)));
+            let s = *scale;
+            let dst = &mut q[span];
+            for (d, &v) in dst.iter_mut().zip(src) {
+                // NaN becomes 0 (a NaN activation has no int8 value); the clamp keeps ±127.
+                *d = round_ties_even_small((v / s).clamp(-127.0, 127.0)) as i8;
+            }
+            *sum = dst.iter().map(|&v| i32::from(v)).sum();
         }
     };
-    let rows = data.par_chunks_mut(kp).zip(scales.par_iter_mut()).zip(sums.par_chunks_mut(groups.max(1)));
+    let g1 = groups.max(1);
+    let rows = data.par_chunks_mut(kp).zip(scales.par_chunks_mut(g1)).zip(sums.par_chunks_mut(g1));
     // Rows are independent; a decode step's few rows are not worth waking other threads for.
     if m >= 16 {
         rows.enumerate().for_each(quantize_row);
     } else {
-        data.chunks_mut(kp)
-            .zip(scales.iter_mut())
-            .zip(sums.chunks_mut(groups.max(1)))
-            .enumerate()
-            .for_each(quantize_row);
+        data.chunks_mut(kp).zip(scales.chunks_mut(g1)).zip(sums.chunks_mut(g1)).enumerate().for_each(quantize_row);
     }
     Ok(QuantizedActivations { m, k_padded: kp, data, scales, sums })
 }
@@ -157,6 +199,8 @@ pub struct W4A8Weights {
     scales: Floats,
     /// `[G][N]`, each below 16; `None`: symmetric, every zero point is 8.
     zeros: Option<SharedBytes>,
+    /// `[G][N]` float offsets (`w = s·(q − z) + f`); `None`: every offset is 0.
+    offsets: Option<Floats>,
 }
 
 /// The tile K block for a group length: a block never straddles two groups.
@@ -165,12 +209,14 @@ fn k_block(group: GroupSize, g_len: usize) -> usize {
 }
 
 impl W4A8Weights {
-    /// Packs `codes` (`[N][K]`, N a multiple of 16) with `scales_gn` (`[G][N]`) and integer zero points
-    /// `zeros_gn` (`[G][N]`, each below 16; `None` for a symmetric checkpoint, where every zero is 8).
+    /// Packs `codes` (`[N][K]`, N a multiple of 16) with `scales_gn` (`[G][N]`), integer zero points
+    /// `zeros_gn` (`[G][N]`, each below 16; `None` for a symmetric checkpoint, where every zero is 8) and
+    /// float offsets `offsets_gn` (`[G][N]`; `None`: 0): `w = s·(q − z) + f`.
     pub fn pack(
         codes: &Codes,
         scales_gn: &[f32],
         zeros_gn: Option<&[u8]>,
+        offsets_gn: Option<&[f32]>,
         group: GroupSize,
     ) -> Result<Self, KernelError> {
         let (n, k) = (codes.n(), codes.k());
@@ -187,16 +233,24 @@ impl W4A8Weights {
                 }
             }
         }
-        let scale_bytes: Vec<u8> = scales_gn.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Self::from_parts(packed.into(), scale_bytes.into(), zeros_gn.map(|z| z.to_vec().into()), (n, k, group))
+        let le = |v: &[f32]| -> SharedBytes { v.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into() };
+        Self::from_parts(
+            packed.into(),
+            le(scales_gn),
+            zeros_gn.map(|z| z.to_vec().into()),
+            offsets_gn.map(le),
+            (n, k, group),
+        )
     }
 
-    /// Builds the weights from stored parts ([`Self::packed`], [`Self::scales_le_bytes`], [`Self::zeros`]),
-    /// read in place. Every length is checked, and every zero point.
+    /// Builds the weights from stored parts ([`Self::packed`], [`Self::scales_le_bytes`], [`Self::zeros`],
+    /// [`Self::offsets_le_bytes`]), read in place. Every length is checked, every zero point, and every
+    /// offset is finite.
     pub fn from_parts(
         packed: SharedBytes,
         scales_le: SharedBytes,
         zeros: Option<SharedBytes>,
+        offsets_le: Option<SharedBytes>,
         (n, k, group): (usize, usize, GroupSize),
     ) -> Result<Self, KernelError> {
         let (kp, kb) = Self::geometry(n, k, group)?;
@@ -212,7 +266,20 @@ impl W4A8Weights {
             }
         }
         let scales = Floats::new(scales_le)?;
-        Ok(W4A8Weights { n, k, k_padded: kp, kb, g_len, groups, packed, scales, zeros })
+        let offsets = match offsets_le {
+            Some(b) => {
+                check_len("W4A8 offset bytes", groups * n * 4, b.len())?;
+                let f = Floats::new(b)?;
+                if let Some(bad) = f.as_slice().iter().find(|v| !v.is_finite()) {
+                    return Err(KernelError::new(KernelErrorKind::Layout(format!(
+                        "a W4A8 float offset is {bad}; offsets must be finite"
+                    ))));
+                }
+                Some(f)
+            }
+            None => None,
+        };
+        Ok(W4A8Weights { n, k, k_padded: kp, kb, g_len, groups, packed, scales, zeros, offsets })
     }
 
     fn geometry(n: usize, k: usize, group: GroupSize) -> Result<(usize, usize), KernelError> {
@@ -287,6 +354,16 @@ impl W4A8Weights {
         self.zeros.as_ref()
     }
 
+    /// The float offsets `[G][N]`; `None` when every offset is 0.
+    pub fn offsets(&self) -> Option<&[f32]> {
+        self.offsets.as_ref().map(Floats::as_slice)
+    }
+
+    /// The float offsets as little-endian bytes (an artifact section).
+    pub fn offsets_le_bytes(&self) -> Option<Vec<u8>> {
+        self.offsets().map(|f| f.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+
     fn zero(&self, g: usize, col: usize) -> u8 {
         self.zeros.as_ref().map_or(8, |z| z[g * self.n + col])
     }
@@ -300,7 +377,7 @@ impl W4A8Weights {
         if within < 4 { b & 15 } else { b >> 4 }
     }
 
-    /// Row `row` of the weights, `(q − z)·s` (how a tied 4-bit head serves the embedding lookup).
+    /// Row `row` of the weights, `(q − z)·s + f` (how a tied 4-bit head serves the embedding lookup).
     pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {
         check_len("decoded row", self.k, out.len())?;
         if row >= self.n {
@@ -310,14 +387,18 @@ impl W4A8Weights {
         for (kk, o) in out.iter_mut().enumerate() {
             let g = kk / self.g_len;
             let w = i32::from(self.code(row, kk)) - i32::from(self.zero(g, row));
-            *o = w as f32 * scales[g * self.n + row];
+            let f = self.offsets().map_or(0.0, |f| f[g * self.n + row]);
+            *o = (w as f32).mul_add(scales[g * self.n + row], f);
         }
         Ok(())
     }
 
-    /// Bytes resident for these weights (codes, scales, zero points).
+    /// Bytes resident for these weights (codes, scales, zero points, offsets).
     pub fn resident_bytes(&self) -> usize {
-        self.packed.len() + self.scales().len() * 4 + self.zeros.as_ref().map_or(0, |z| z.len())
+        self.packed.len()
+            + self.scales().len() * 4
+            + self.zeros.as_ref().map_or(0, |z| z.len())
+            + self.offsets().map_or(0, |f| f.len() * 4)
     }
 
     fn block_bytes(&self, nb: usize) -> &[u8] {
@@ -334,6 +415,7 @@ pub(crate) struct Block<'a> {
     pub x: &'a [i8],
     pub kp: usize,
     pub m: usize,
+    /// `[m][groups]`.
     pub a_scales: &'a [f32],
     /// `[m][groups]`.
     pub sums: &'a [i32],
@@ -343,20 +425,27 @@ pub(crate) struct Block<'a> {
     /// `[G][N]` scales, and this block's first column.
     pub w_scales: &'a [f32],
     pub zeros: Option<&'a [u8]>,
+    /// `[G][N]` float offsets.
+    pub offsets: Option<&'a [f32]>,
     pub n: usize,
     pub col0: usize,
 }
 
 impl Block<'_> {
-    /// The epilogue of one row and group, shared by every variant: `out = fma(acc − z·Σx, a_s·w_s, out)`.
+    /// The epilogue of one row and group, shared by every variant: `out = fma(acc − z·Σx, a_s·w_s, out)`,
+    /// then, with offsets, `out = fma(Σx, a_s·f, out)`.
     #[inline]
     pub fn finish(&self, r: usize, g: usize, acc: &[i32; 16], out: &mut [f32]) {
         let sum = self.sums[r * self.groups + g];
+        let a_s = self.a_scales[r * self.groups + g];
         for c in 0..16 {
             let col = self.col0 + c;
             let z = self.zeros.map_or(8, |z| i32::from(z[g * self.n + col]));
             let v = acc[c].wrapping_sub(z.wrapping_mul(sum));
-            out[c] = (v as f32).mul_add(self.a_scales[r] * self.w_scales[g * self.n + col], out[c]);
+            out[c] = (v as f32).mul_add(a_s * self.w_scales[g * self.n + col], out[c]);
+            if let Some(f) = self.offsets {
+                out[c] = (sum as f32).mul_add(a_s * f[g * self.n + col], out[c]);
+            }
         }
     }
 }
@@ -450,7 +539,7 @@ fn check_operands(
 ) -> Result<(), KernelError> {
     check_len("activation row length", w.k_padded, a.k_padded)?;
     check_len("activations", a.m * w.k_padded, a.data.len())?;
-    check_len("activation scales", a.m, a.scales.len())?;
+    check_len("activation scales", a.m * w.groups, a.scales.len())?;
     check_len("activation group sums", a.m * w.groups, a.sums.len())?;
     check_len("output", a.m * w.n, out.len())?;
     if let Some(b) = bias {
@@ -479,6 +568,7 @@ fn run_blocks(
     let spans: Vec<Range<usize>> = (0..w.groups).map(|g| w.group_span(g)).collect();
     let scales = w.scales();
     let zeros = w.zeros.as_deref();
+    let offsets = w.offsets();
     let mut tiles = vec![0.0f32; w.n / 16 * m * 16];
     // Keep tasks to at least ~64 K weight bytes × rows so small layers are not drowned in scheduling.
     let min_blocks = (65536 / (w.k_padded * 8 * m).max(1)).max(1);
@@ -505,6 +595,7 @@ fn run_blocks(
                 spans: &spans,
                 w_scales: scales,
                 zeros,
+                offsets,
                 n: w.n,
                 col0: nb * 16,
             };
@@ -627,12 +718,13 @@ fn block_tiles<T: TileUnit>(unit: &mut T, b: &Block, kb: usize, out: &mut [f32])
     Ok(())
 }
 
-/// A W4A8 linear layer: quantizes its f32 input per token and runs the chosen kernel.
+/// A W4A8 linear layer: quantizes its f32 input to int8 and runs the chosen kernel.
 #[derive(Debug)]
 pub struct W4A8Linear {
     weights: W4A8Weights,
     bias: Option<Vec<f32>>,
     kernel: W4A8Kernel,
+    activation_scales: ActivationScales,
 }
 
 impl W4A8Linear {
@@ -656,7 +748,17 @@ impl W4A8Linear {
         if let Some(b) = &bias {
             check_len("bias", weights.n, b.len())?;
         }
-        Ok(W4A8Linear { weights, bias, kernel })
+        Ok(W4A8Linear { weights, bias, kernel, activation_scales: ActivationScales::default() })
+    }
+
+    /// The layer with activations scaled at `granularity`.
+    pub fn with_activation_scales(self, granularity: ActivationScales) -> Self {
+        W4A8Linear { activation_scales: granularity, ..self }
+    }
+
+    /// How this layer scales its activations.
+    pub fn activation_scales(&self) -> ActivationScales {
+        self.activation_scales
     }
 
     /// The weights.
@@ -669,9 +771,9 @@ impl W4A8Linear {
         self.kernel.id_for(m)
     }
 
-    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized per token to int8.
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized to int8.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        let a = quantize_activations(x, m, &self.weights)?;
+        let a = quantize_activations(x, m, &self.weights, self.activation_scales)?;
         gemm(self.kernel, &a, &self.weights, self.bias.as_deref(), out)
     }
 }

@@ -8,8 +8,9 @@
 //!
 //! **Safety model.** The public functions are safe: they take a capability token (proof the CPU has the
 //! features) and a [`Block`], whose slices the driver built with checked lengths: `w` holds
-//! `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 32 (the smallest tile K block), and the scale,
-//! zero and sum tables cover every group and column. The `unsafe` inner functions read only inside those.
+//! `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 32 (the smallest
+//! tile K block), and the scale, zero, offset, activation-scale and sum tables cover every group and
+//! column. The `unsafe` inner functions read only inside those.
 
 use std::arch::x86_64::*;
 
@@ -90,8 +91,9 @@ unsafe fn rows_avx2<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
         }
         for (r, acc) in acc.iter().enumerate() {
             let row = r0 + r;
-            let sum = _mm256_set1_epi32(b.sums[row * b.groups + g]);
-            let a_scale = _mm256_set1_ps(b.a_scales[row]);
+            let sum_i = b.sums[row * b.groups + g];
+            let sum = _mm256_set1_epi32(sum_i);
+            let a_scale = _mm256_set1_ps(b.a_scales[row * b.groups + g]);
             for (h, &acc) in acc.iter().enumerate() {
                 let col = b.col0 + 8 * h;
                 let z = match b.zeros {
@@ -105,7 +107,14 @@ unsafe fn rows_avx2<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
                 // SAFETY: row < m, so out[row·16 + 8h .. +8] is within out.
                 let o = unsafe { out.as_mut_ptr().add(row * 16 + 8 * h) };
                 // SAFETY: as above.
-                unsafe { _mm256_storeu_ps(o, _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws), _mm256_loadu_ps(o))) };
+                let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws), unsafe { _mm256_loadu_ps(o) });
+                if let Some(f) = b.offsets {
+                    // SAFETY: 8 offsets of group g from column col lie within the [G][N] table.
+                    let f = unsafe { _mm256_loadu_ps(f.as_ptr().add(g * b.n + col)) };
+                    acc_f = _mm256_fmadd_ps(_mm256_set1_ps(sum_i as f32), _mm256_mul_ps(a_scale, f), acc_f);
+                }
+                // SAFETY: as above.
+                unsafe { _mm256_storeu_ps(o, acc_f) };
             }
         }
     }
@@ -164,15 +173,24 @@ unsafe fn rows_vnni<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
                 Some(z) => _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * b.n + b.col0).cast()) }),
                 None => _mm512_set1_epi32(8),
             };
-            let sum = _mm512_set1_epi32(b.sums[row * b.groups + g]);
+            let sum_i = b.sums[row * b.groups + g];
+            let sum = _mm512_set1_epi32(sum_i);
             let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_mullo_epi32(z, sum)));
             // SAFETY: 16 scales of group g from column col0 lie within the [G][N] table.
             let ws = unsafe { _mm512_loadu_ps(b.w_scales.as_ptr().add(g * b.n + b.col0)) };
-            let s = _mm512_mul_ps(_mm512_set1_ps(b.a_scales[row]), ws);
+            let a_scale = _mm512_set1_ps(b.a_scales[row * b.groups + g]);
+            let s = _mm512_mul_ps(a_scale, ws);
             // SAFETY: row < m, so out[row·16 .. +16] is within out.
             let o = unsafe { out.as_mut_ptr().add(row * 16) };
             // SAFETY: as above.
-            unsafe { _mm512_storeu_ps(o, _mm512_fmadd_ps(v, s, _mm512_loadu_ps(o))) };
+            let mut acc_f = _mm512_fmadd_ps(v, s, unsafe { _mm512_loadu_ps(o) });
+            if let Some(f) = b.offsets {
+                // SAFETY: 16 offsets of group g from column col0 lie within the [G][N] table.
+                let f = unsafe { _mm512_loadu_ps(f.as_ptr().add(g * b.n + b.col0)) };
+                acc_f = _mm512_fmadd_ps(_mm512_set1_ps(sum_i as f32), _mm512_mul_ps(a_scale, f), acc_f);
+            }
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(o, acc_f) };
         }
     }
 }

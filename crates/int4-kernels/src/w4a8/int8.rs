@@ -1,0 +1,190 @@
+//! 8-bit weights on the W4A8 kernels, as two 4-bit planes.
+//!
+//! Why: the layer 4 bits hurt most is usually the head (for a model with tied embeddings, the embedding
+//! table too), and checkpoints that care ship it in 8 bits (llama.cpp's Q4 files keep it in Q8_0). Running
+//! it through the W4A8 kernels rather than a kernel of its own keeps one set of tested SIMD and tile code.
+//!
+//! A signed code `q ∈ −127..=127` with scale `s` is stored as `u = q + 128 = 16·hi + lo`, `hi, lo ∈ 0..16`,
+//! so `w = s·q = 16s·(hi − 8) + s·lo`: two W4A8 layers over the same int8 activations, the high plane
+//! symmetric (zero point 8) with scale `16s` (exact: a power-of-two multiple), the low plane with zero
+//! point 0 and scale `s`. Each plane's integer sums are exact; the two planes' f32 outputs are added, one
+//! more rounding. The planes together hold 8 bits per weight, as one 8-bit code would: the price is twice
+//! the dot-product instructions, which decode (memory-bound) barely sees.
+
+use int4_layout::{Codes, GroupSize};
+
+use crate::KernelId;
+use crate::error::{KernelError, KernelErrorKind, check_len};
+use crate::isa::{IsaCaps, IsaLevel};
+use crate::w4a8::{ActivationScales, W4A8Kernel, W4A8Weights, gemm, quantize_activations};
+
+fn layout(why: String) -> KernelError {
+    KernelError::new(KernelErrorKind::Layout(why))
+}
+
+/// 8-bit symmetric weights as two 4-bit planes (module docs).
+#[derive(Clone, Debug)]
+pub struct Int8Weights {
+    hi: W4A8Weights,
+    lo: W4A8Weights,
+}
+
+impl Int8Weights {
+    /// Quantizes `w` (`[n][k]`, n a multiple of 16) per group: `s = amax/127`, `q = round(w/s)` (ties to
+    /// even), the grid llama.cpp's Q8_0 uses, so a Q8_0 tensor's exact dequantization is found again.
+    /// Non-finite weights are an error.
+    pub fn quantize(w: &[f32], n: usize, k: usize, group: GroupSize) -> Result<Self, KernelError> {
+        check_len("8-bit weights", n * k, w.len())?;
+        if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+            return Err(layout(format!("weight {i} is {}: weights must be finite", w[i])));
+        }
+        let (g_len, groups) = (group.len(k), group.groups(k));
+        let mut q = vec![0i8; n * k];
+        let mut scales_gn = vec![0.0f32; groups * n];
+        for row in 0..n {
+            for g in 0..groups {
+                let span = row * k + g * g_len..row * k + ((g + 1) * g_len).min(k);
+                let amax = w[span.clone()].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                scales_gn[g * n + row] = s;
+                for (d, &v) in q[span.clone()].iter_mut().zip(&w[span]) {
+                    *d = (v / s).round_ties_even().clamp(-127.0, 127.0) as i8;
+                }
+            }
+        }
+        Self::pack(&q, &scales_gn, n, k, group)
+    }
+
+    /// Packs signed codes `q` (`[n][k]`, each in `−127..=127`) with scales `scales_gn` (`[G][N]`).
+    pub fn pack(q: &[i8], scales_gn: &[f32], n: usize, k: usize, group: GroupSize) -> Result<Self, KernelError> {
+        check_len("8-bit codes", n * k, q.len())?;
+        if q.contains(&i8::MIN) {
+            return Err(layout("an 8-bit code is -128; codes are -127..=127".into()));
+        }
+        let u = |i: usize| (i16::from(q[i]) + 128) as u8;
+        let hi = Codes::from_fn(n, k, |r, c| u(r * k + c) >> 4)?;
+        let lo = Codes::from_fn(n, k, |r, c| u(r * k + c) & 15)?;
+        let hi_scales: Vec<f32> = scales_gn.iter().map(|s| 16.0 * s).collect();
+        let zeros = vec![0u8; scales_gn.len()];
+        Ok(Int8Weights {
+            hi: W4A8Weights::pack(&hi, &hi_scales, None, None, group)?,
+            lo: W4A8Weights::pack(&lo, scales_gn, Some(&zeros), None, group)?,
+        })
+    }
+
+    /// The weights from their two stored planes, which must have the same geometry, zero points 8 (high)
+    /// and 0 (low), no offsets, and high scales 16 times the low ones.
+    pub fn from_planes(hi: W4A8Weights, lo: W4A8Weights) -> Result<Self, KernelError> {
+        let geometry = |w: &W4A8Weights| (w.n(), w.k(), w.group_len(), w.groups());
+        if geometry(&hi) != geometry(&lo) {
+            return Err(layout("the two planes of 8-bit weights differ in shape".into()));
+        }
+        let low_zeros = lo.zeros().is_some_and(|z| z.iter().all(|&z| z == 0));
+        let paired = hi.scales().iter().zip(lo.scales()).all(|(h, l)| *h == 16.0 * l);
+        if hi.zeros().is_some() || !low_zeros || hi.offsets().is_some() || lo.offsets().is_some() || !paired {
+            return Err(layout("the planes are not an 8-bit pair (zero points 8 and 0, scales 16:1)".into()));
+        }
+        Ok(Int8Weights { hi, lo })
+    }
+
+    /// The high plane (`16s·(hi − 8)`).
+    pub fn hi(&self) -> &W4A8Weights {
+        &self.hi
+    }
+
+    /// The low plane (`s·lo`).
+    pub fn lo(&self) -> &W4A8Weights {
+        &self.lo
+    }
+
+    /// Output channels.
+    pub fn n(&self) -> usize {
+        self.lo.n()
+    }
+
+    /// Input channels.
+    pub fn k(&self) -> usize {
+        self.lo.k()
+    }
+
+    /// The signed code at `(row, k)`.
+    pub fn code(&self, row: usize, kk: usize) -> i8 {
+        (i16::from(self.hi.code(row, kk)) * 16 + i16::from(self.lo.code(row, kk)) - 128) as i8
+    }
+
+    /// Row `row` of the weights, `q·s` (one rounding), for a tied head's embedding lookup.
+    pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let (n, k) = (self.n(), self.k());
+        check_len("decoded row", k, out.len())?;
+        if row >= n {
+            return Err(KernelError::shape("row index (below N)", n, row));
+        }
+        let scales = self.lo.scales();
+        for (kk, o) in out.iter_mut().enumerate() {
+            *o = f32::from(self.code(row, kk)) * scales[(kk / self.lo.group_len()) * n + row];
+        }
+        Ok(())
+    }
+
+    /// Bytes resident (both planes).
+    pub fn resident_bytes(&self) -> usize {
+        self.hi.resident_bytes() + self.lo.resident_bytes()
+    }
+}
+
+/// A linear layer with 8-bit weights on the W4A8 kernels: `out = plane_hi(x) + plane_lo(x) + bias`, the
+/// activations quantized once for both planes.
+#[derive(Debug)]
+pub struct Int8Linear {
+    weights: Int8Weights,
+    bias: Option<Vec<f32>>,
+    kernel: W4A8Kernel,
+    activation_scales: ActivationScales,
+}
+
+impl Int8Linear {
+    /// The layer on the kernel of exactly `level`, or a clear error naming what is missing.
+    pub fn forced(
+        weights: Int8Weights,
+        bias: Option<Vec<f32>>,
+        level: IsaLevel,
+        caps: &IsaCaps,
+    ) -> Result<Self, KernelError> {
+        Self::with_kernel(weights, bias, W4A8Kernel::at_level(level, caps)?)
+    }
+
+    /// The layer on `kernel`.
+    pub fn with_kernel(weights: Int8Weights, bias: Option<Vec<f32>>, kernel: W4A8Kernel) -> Result<Self, KernelError> {
+        if let Some(b) = &bias {
+            check_len("bias", weights.n(), b.len())?;
+        }
+        Ok(Int8Linear { weights, bias, kernel, activation_scales: ActivationScales::default() })
+    }
+
+    /// The layer with activations scaled at `granularity`.
+    pub fn with_activation_scales(self, granularity: ActivationScales) -> Self {
+        Int8Linear { activation_scales: granularity, ..self }
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &Int8Weights {
+        &self.weights
+    }
+
+    /// The kernel `forward` runs for `m` rows.
+    pub fn kernel_for(&self, m: usize) -> KernelId {
+        self.kernel.id_for(m)
+    }
+
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized to int8.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let a = quantize_activations(x, m, &self.weights.lo, self.activation_scales)?;
+        gemm(self.kernel, &a, &self.weights.hi, self.bias.as_deref(), out)?;
+        let mut low = vec![0.0f32; out.len()];
+        gemm(self.kernel, &a, &self.weights.lo, None, &mut low)?;
+        for (o, l) in out.iter_mut().zip(&low) {
+            *o += l;
+        }
+        Ok(())
+    }
+}
