@@ -20,7 +20,7 @@
 //! synthetic model with the upstream model's shapes (1.54 B parameters) and seeded random weights,
 //! generated under `target/bench/models/` on first use (speed and memory only: its outputs mean nothing).
 //!
-//! `model-bench [--quick] [--model DIR|spark-shaped] [--paths w4a16,w4a16-split,w4a8,wna16,bf16,f32]
+//! `model-bench [--quick] [--model DIR|spark-shaped] [--paths w4a16,w4a16-split,w4a8,w4a8-h8,wna16,bf16,f32]
 //! [--reps N] [--group N] [--json FILE] [--svg FILE]`; `--group` is the group size an unquantized checkpoint
 //! is quantized to at load (default 128). The JSON schema (`int4-model-bench/2`) is documented in
 //! `docs/bench.md`.
@@ -28,6 +28,7 @@
 use std::time::{Duration, Instant};
 
 use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
+use int4::linear::HeadBits;
 use int4::model::KvCache;
 use int4::sampling::argmax;
 use int4_benches::{PeakRssAnon, rss_anon_and_file};
@@ -39,6 +40,8 @@ struct PathSpec {
     name: &'static str,
     path: RunPath,
     direct_dequant: Option<bool>,
+    /// Bits of a head the checkpoint stores unquantized (W4A8).
+    head_bits: HeadBits,
     about: &'static str,
     /// Measured lightly: the first prompt length of the sweep only, at most 32 generated tokens, no
     /// batched decode (the portable fallback is an order of magnitude slower; its full rows would take
@@ -46,28 +49,60 @@ struct PathSpec {
     light: bool,
 }
 
-const PATHS: [PathSpec; 6] = [
-    PathSpec { name: "w4a16", path: RunPath::W4a16, direct_dequant: None, about: "direct dequant", light: false },
+const PATHS: [PathSpec; 7] = [
+    PathSpec {
+        name: "w4a16",
+        path: RunPath::W4a16,
+        direct_dequant: None,
+        head_bits: HeadBits::Four,
+        about: "direct dequant",
+        light: false,
+    },
     PathSpec {
         name: "w4a16-split",
         path: RunPath::W4a16,
         direct_dequant: Some(false),
+        head_bits: HeadBits::Four,
         about: "direct_dequant: false (split-halves copy for prefill)",
         light: false,
     },
-    PathSpec { name: "w4a8", path: RunPath::W4a8, direct_dequant: None, about: "int8 activations", light: false },
+    PathSpec {
+        name: "w4a8",
+        path: RunPath::W4a8,
+        direct_dequant: None,
+        head_bits: HeadBits::Four,
+        about: "int8 activations",
+        light: false,
+    },
+    PathSpec {
+        name: "w4a8-h8",
+        path: RunPath::W4a8,
+        direct_dequant: None,
+        head_bits: HeadBits::Eight,
+        about: "int8 activations, 8-bit head (Q8_0 grid)",
+        light: false,
+    },
     PathSpec {
         name: "wna16",
         path: RunPath::Wna16,
         direct_dequant: None,
+        head_bits: HeadBits::Four,
         about: "portable fallback (measured lightly)",
         light: true,
     },
-    PathSpec { name: "bf16", path: RunPath::Bf16, direct_dequant: None, about: "unquantized bf16", light: false },
+    PathSpec {
+        name: "bf16",
+        path: RunPath::Bf16,
+        direct_dequant: None,
+        head_bits: HeadBits::Four,
+        about: "unquantized bf16",
+        light: false,
+    },
     PathSpec {
         name: "f32",
         path: RunPath::F32,
         direct_dequant: None,
+        head_bits: HeadBits::Four,
         about: "unquantized f32 (the reference)",
         light: false,
     },
@@ -125,7 +160,7 @@ fn main() {
         // f32 weights of a 1.54 B model are 6 GB and decode at a few tokens per second, and the portable
         // fallback prefills at a few tokens per second: both left out unless named.
         (false, true) => "w4a16,w4a16-split,w4a8,bf16",
-        (false, false) => "w4a16,w4a16-split,w4a8,wna16,bf16,f32",
+        (false, false) => "w4a16,w4a16-split,w4a8,w4a8-h8,wna16,bf16,f32",
     };
     let chosen = arg("--paths").unwrap_or_else(|| default_paths.into());
     let specs: Vec<PathSpec> = chosen
@@ -183,6 +218,7 @@ fn main() {
             path: spec.path,
             context,
             direct_dequant: spec.direct_dequant,
+            head_bits: spec.head_bits,
             group_size: group,
             ..LoadOptions::default()
         };

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use common::{Rng, tiny_model};
 use int4::engine::{Engine, LoadOptions, RunPath};
-use int4::eval::{EvalError, EvalReport, evaluate, read_text};
+use int4::eval::{EvalError, EvalReport, evaluate, evaluate_from, read_text};
 use int4::layout::GroupSize;
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -177,6 +177,14 @@ fn bad_context_gives_its_error() {
     // The model's whole context is allowed.
     let docs = read_text(Some(&texts)).unwrap();
     assert_eq!(evaluate(&a, &b, &docs, 256, |_, _| {}).unwrap().windows, 1);
+    // Scoring from a position: only the positions from it on count, and one past the last is refused.
+    let all = evaluate(&a, &b, &docs, 16, |_, _| {}).unwrap();
+    let half = evaluate_from(&a, &b, &docs, 16, 8, |_, _| {}).unwrap();
+    assert_eq!((all.windows, half.windows), (2, 2));
+    assert_eq!((all.tokens, half.tokens, half.score_from), (15 + 13, 7 + 5, 8));
+    let e = evaluate_from(&a, &b, &docs, 16, 15, |_, _| {}).unwrap_err();
+    assert!(matches!(e, EvalError::ScoreFromTooLarge { score_from: 15, ctx: 16 }), "{e}");
+    assert!(e.to_string().contains("--score-from 15"), "{e}");
 }
 
 #[test]
