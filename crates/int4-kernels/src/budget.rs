@@ -15,7 +15,10 @@
 //! compute with `(q − 8)·s + z`: `μ[m][n] = Σ_k |x[m][k]|·(|(q − 8)·s| + |z|)` ([`magnitudes_w4`]). The
 //! decode kernels factor the weight as `s·q + (z − 8s)` and sum `s·Σ x·q + (z − 8s)·Σ x`:
 //! `μ = Σ_k |x|·(q·s + |z − 8s|)` ([`magnitudes_w4_decode`]). Either can exceed `Σ|x||w|` (the terms
-//! cancel), so `|w|` alone would not bound them. The budget for output `(m, n)` is
+//! cancel), so `|w|` alone would not bound them. The `vdpbf16ps` decode sums `xb·(128 + q)·s` and
+//! `(z − 136·s)·Σ xb` over bf16-rounded activations `xb`: its budget ([`decode_bf16_bound`]) is the
+//! activations' actual rounding error plus f32 accumulation of those larger magnitudes. The budget for
+//! output `(m, n)` is otherwise
 //!
 //! ```text
 //! (weight_rounding + activation_rounding + (K + 4)·u_f32)·μ[m][n] + u_f32·|bias[n]|
@@ -100,6 +103,45 @@ pub fn magnitudes_w4_decode(x: &[f32], m: usize, codes: &Codes, params: &GroupPa
         }
     }
     out
+}
+
+/// The `vdpbf16ps` decode's two error sources per output, `(rounding, accumulated)`
+/// ([`decode_bf16_bound`]). It rounds each activation to bf16 (`xb`) and sums `xb·(128 + q)·s` and
+/// `(z − 136·s)·Σ xb`: the rounding changes the result by exactly `Σ (xb − x)·w`, so `rounding[m][n] =
+/// Σ_k |xb − x|·|w|` (plus `|xb|·(128 + q)·|s|` where `xb` is a bf16 denormal, which the instruction
+/// flushes), and the accumulated magnitudes are `Σ_k |xb|·((128 + q)·|s| + |z − 136·s|)`.
+pub fn magnitudes_w4_decode_bf16(x: &[f32], m: usize, codes: &Codes, params: &GroupParams) -> (Vec<f64>, Vec<f64>) {
+    let (n, k) = (codes.n(), codes.k());
+    let g_len = params.group_size().len(k);
+    let (mut rounding, mut accumulated) = (vec![0.0f64; m * n], vec![0.0f64; m * n]);
+    for col in 0..n {
+        for row in 0..m {
+            let (mut r, mut a) = (0.0f64, 0.0f64);
+            for kk in 0..k {
+                let g = kk / g_len;
+                let (s, z) = (f64::from(params.scale(col, g)), f64::from(params.zero(col, g)));
+                let q = f64::from(codes.get(col, kk));
+                let xv = x[row * k + kk];
+                let xb = half::bf16::from_f32(xv).to_f32();
+                let w = f64::from(params.weight(col, kk, codes.get(col, kk)));
+                let biased = (128.0 + q) * s.abs();
+                r += (f64::from(xb) - f64::from(xv)).abs() * w.abs();
+                if xb != 0.0 && xb.abs() < f32::MIN_POSITIVE {
+                    r += f64::from(xb.abs()) * biased;
+                }
+                a += f64::from(xb.abs()) * (biased + (z - 136.0 * s).abs());
+            }
+            rounding[row * n + col] = r;
+            accumulated[row * n + col] = a;
+        }
+    }
+    (rounding, accumulated)
+}
+
+/// The `vdpbf16ps` decode's budget for one output: the activations' rounding as it is
+/// (`rounding`, from [`magnitudes_w4_decode_bf16`]), then f32 accumulation of the `accumulated` magnitudes.
+pub fn decode_bf16_bound(k: usize, rounding: f64, accumulated: f64, bias: f64) -> f64 {
+    rounding * (1.0 + U_F32) + Budget::F32_ACCUMULATE.bound(k, accumulated, bias)
 }
 
 /// `μ[m][n] = Σ_k |x[m][k]|·|w[n][k]|` for unquantized weights.

@@ -7,8 +7,11 @@ use std::fmt;
 pub enum KernelId {
     /// W4A16 decode GEMV over the tinygemm layout, AVX2 + FMA.
     W4a16DecodeAvx2,
-    /// W4A16 decode GEMV over the tinygemm layout, AVX-512 (two lane groups per pass, `vpermps` lookup).
+    /// W4A16 decode GEMV over the tinygemm layout, AVX-512 F/BW/VL, f32 FMA (up to four lane groups per pass).
     W4a16DecodeAvx512,
+    /// W4A16 decode GEMV, AVX512-BF16: codes made bf16 `128 + q` in two ops, `vdpbf16ps` against bf16
+    /// activations, a whole 64-channel block per pass (other blocks as [`KernelId::W4a16DecodeAvx512`]).
+    W4a16DecodeAvx512Bf16,
     /// W4A16 decode, portable Rust over the tinygemm layout.
     W4a16DecodePortable,
     /// W4A16 prefill: dequantize straight from the tinygemm layout to bf16 panels, f32-FMA GEMM, AVX2.
@@ -51,6 +54,7 @@ impl KernelId {
         match self {
             KernelId::W4a16DecodeAvx2 => "w4a16-decode-avx2",
             KernelId::W4a16DecodeAvx512 => "w4a16-decode-avx512",
+            KernelId::W4a16DecodeAvx512Bf16 => "w4a16-decode-avx512bf16",
             KernelId::W4a16DecodePortable => "w4a16-decode-portable",
             KernelId::W4a16PrefillDirectAvx2 => "w4a16-prefill-direct-avx2",
             KernelId::W4a16PrefillHalvesAvx2 => "w4a16-prefill-halves-avx2",

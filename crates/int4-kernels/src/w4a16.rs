@@ -429,7 +429,11 @@ impl W4A16Linear {
             return KernelId::W4a16PrefillAmxBf16;
         }
         if m < self.config.dequant_threshold && self.avx512.is_some() {
-            return KernelId::W4a16DecodeAvx512;
+            return if self.decode_bf16().is_some() {
+                KernelId::W4a16DecodeAvx512Bf16
+            } else {
+                KernelId::W4a16DecodeAvx512
+            };
         }
         if m >= self.config.dequant_threshold && self.bf16.is_some() {
             return if self.config.direct_dequant {
@@ -477,7 +481,13 @@ impl W4A16Linear {
         let xs = portable::group_sums(x, m, k, g_len);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
         if let Some(tok) = self.avx512 {
-            self.decode_avx512(tok, x, m, &xs, &mut tiles);
+            // The bf16 kernel's operands: activation pairs rounded to bf16, and their group sums.
+            let bf16 = self.decode_bf16().map(|t| {
+                let (pairs, sums) = bf16_pairs_and_sums(x, m, k, g_len);
+                (t, pairs, sums)
+            });
+            let bf16 = bf16.as_ref().map(|(t, p, s)| (*t, &p[..], &s[..]));
+            self.decode_avx512(tok, bf16, x, m, &xs, &mut tiles);
             let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
             gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
             return Ok(());
@@ -507,7 +517,18 @@ impl W4A16Linear {
     /// The AVX-512 decode into `tiles` (`[lanes][m][16]`), four lane groups per task: a full 64-channel
     /// block's four side by side in one pass (each byte read once), else neighbours in pairs (a tinygemm
     /// layout stores lane groups `h` and `h + 1` of a block side by side), else one alone.
-    fn decode_avx512(&self, tok: Avx512, x: &[f32], m: usize, xs: &[f32], tiles: &mut [f32]) {
+    ///
+    /// With `bf16` (the token, activation pairs `[m][k/2]` and their bf16 group sums `[m][groups]`), each
+    /// full 64-channel block runs the `vdpbf16ps` kernel instead, for up to four rows per pass.
+    fn decode_avx512(
+        &self,
+        tok: Avx512,
+        bf16: Option<(Avx512Bf16, &[u32], &[f32])>,
+        x: &[f32],
+        m: usize,
+        xs: &[f32],
+        tiles: &mut [f32],
+    ) {
         let w = &self.weights;
         let k = w.k;
         let g_len = w.group.len(k);
@@ -528,8 +549,29 @@ impl W4A16Linear {
                 let mut i = 0;
                 while i < count {
                     let lg = first + i;
+                    let quad = i + 4 <= count && (0..3).all(|d| next_to(lg + d));
+                    if let (Some((bt, pairs, sums)), true) = (bf16, quad && w.lanes[lg].stride == 32) {
+                        let l = &w.lanes[lg];
+                        let bytes = &w.packed[l.offset..l.offset + k * 32];
+                        let sz: [&[f32]; 4] = std::array::from_fn(|d| w.lane_sz(lg + d));
+                        let tiles = &mut chunk[i * m * 16..(i + 4) * m * 16];
+                        let kp2 = k.div_ceil(2);
+                        let (xb, xsb) = (&pairs[r0 * kp2..], &sums[r0 * groups..]);
+                        decode_block_bf16_checked(
+                            bt,
+                            xb,
+                            k,
+                            xsb,
+                            bytes,
+                            sz,
+                            g_len,
+                            TileRows { tiles, m, r0, mr, width: 4 },
+                        );
+                        i += 4;
+                        continue;
+                    }
                     // Four side by side (only for few rows: four pairs of accumulators per row), two, or one.
-                    let width = if mr <= 2 && i + 4 <= count && (0..3).all(|d| next_to(lg + d)) {
+                    let width = if mr <= 2 && quad {
                         4
                     } else if i + 2 <= count && next_to(lg) {
                         2
@@ -549,6 +591,12 @@ impl W4A16Linear {
                 r0 += mr;
             }
         });
+    }
+
+    /// The `vdpbf16ps` decode's token, when this layer runs it: AVX512-BF16 present, and 64-channel blocks
+    /// (the layout whose full blocks it reads).
+    fn decode_bf16(&self) -> Option<Avx512Bf16> {
+        self.bf16.filter(|_| self.avx512.is_some() && self.weights.block == TinygemmBlock::N64)
     }
 
     /// Runs the prefill kernel for any `m` (the threshold is not consulted).
@@ -835,6 +883,72 @@ fn decode_avx512_checked(
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("no Avx512 token exists off x86-64");
+}
+
+/// Activations rounded to bf16 (round to nearest even) as `vdpbf16ps` pairs `[m][ceil(k/2)]` (input
+/// channels `2p` low, `2p + 1` high; after an odd last channel, zero), and the f32 sums of the rounded
+/// values per row and group `[m][groups]`, which the bf16 decode's offset term needs: `Σ xb·(128 + q)` is
+/// corrected by `128·Σ xb`, so the sum must be of the same rounded values.
+fn bf16_pairs_and_sums(x: &[f32], m: usize, k: usize, g_len: usize) -> (Vec<u32>, Vec<f32>) {
+    let (kp2, groups) = (k.div_ceil(2), k.div_ceil(g_len));
+    let mut pairs = vec![0u32; m * kp2];
+    let mut sums = vec![0.0f32; m * groups];
+    for (r, row) in x.chunks_exact(k).take(m).enumerate() {
+        let rounded = |kk: usize| bf16::from_f32(row[kk]);
+        for (p, d) in pairs[r * kp2..(r + 1) * kp2].iter_mut().enumerate() {
+            let lo = u32::from(rounded(2 * p).to_bits());
+            let hi = if 2 * p + 1 < k { u32::from(rounded(2 * p + 1).to_bits()) } else { 0 };
+            *d = lo | hi << 16;
+        }
+        for (g, s) in sums[r * groups..(r + 1) * groups].iter_mut().enumerate() {
+            *s = (g * g_len..((g + 1) * g_len).min(k)).map(|kk| rounded(kk).to_f32()).sum();
+        }
+    }
+    (pairs, sums)
+}
+
+/// Calls the `vdpbf16ps` decode for one full 64-channel block after checking its ranges.
+#[allow(clippy::too_many_arguments)]
+fn decode_block_bf16_checked(
+    _tok: Avx512Bf16,
+    xb: &[u32],
+    k: usize,
+    xs: &[f32],
+    bytes: &[u8],
+    sz: [&[f32]; 4],
+    g_len: usize,
+    rows: TileRows<'_>,
+) {
+    let (groups, kp2) = (k.div_ceil(g_len), k.div_ceil(2));
+    let TileRows { tiles, m, r0, mr, width } = rows;
+    assert!((1..=DECODE_ROWS).contains(&mr) && width == 4 && r0 + mr <= m);
+    assert!(g_len.is_multiple_of(2) || g_len == k);
+    assert!(xb.len() >= mr * kp2 && xs.len() >= mr * groups && bytes.len() >= k * 32);
+    assert!(sz.iter().all(|p| p.len() >= groups * 32) && tiles.len() >= 4 * m * 16);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::x86_64::avx512::decode_block_bf16 as d;
+        let (xp, xsp, bp) = (xb.as_ptr(), xs.as_ptr(), bytes.as_ptr());
+        let s: [*const f32; 4] = sz.map(<[f32]>::as_ptr);
+        let base = tiles.as_mut_ptr();
+        // SAFETY: the assert gives 4·m·16 floats of `tiles`, so each lane group's rows r0..r0 + mr (at
+        // i·m·16 + r0·16, i < 4) are in range.
+        let t: [*mut f32; 4] = std::array::from_fn(|i| unsafe { base.add(i * m * 16 + r0 * 16) });
+        // SAFETY: `Avx512Bf16` proves AVX-512 F/BW/VL and AVX512-BF16 on this CPU. The asserts give every
+        // range `decode_block_bf16` reads (mr rows of ceil(k/2) pairs at stride ceil(k/2); xs[r·groups + g];
+        // 32 bytes at kk·32 for kk < k; 32 floats per group of each lane group's parameters) and writes
+        // (mr rows of 16 floats of each of the four tiles), and the group length is even or k.
+        unsafe {
+            match mr {
+                1 => d::<1, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                2 => d::<2, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                3 => d::<3, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
+                _ => d::<4, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no Avx512Bf16 token exists off x86-64");
 }
 
 /// Calls the AVX2 panel dequantization after checking its ranges (off x86-64, the portable loop).

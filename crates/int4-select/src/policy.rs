@@ -9,7 +9,7 @@
 //! 2. `w4a16-amx-bf16` — AMX-BF16 tiles for the W4A16 prefill.
 //! 3. `w4a8-vnni` — GPTQ checkpoints, speed priority, AVX-512 VNNI.
 //! 4. `w4a16-avx512` — AVX-512 F/BW/VL: the AVX-512 decode GEMV over 64-channel tinygemm blocks, and a
-//!    `vdpbf16ps` prefill where the CPU has AVX512-BF16 (the f32-FMA prefill where it does not).
+//!    `vdpbf16ps` decode and prefill where the CPU has AVX512-BF16 (f32 FMA where it does not).
 //! 5. `w4a8-avx2` — GPTQ checkpoints, speed priority, AVX2 (`vpmaddubsw`).
 //! 6. `w4a16-avx2` — AVX2 + FMA: decode GEMV and dequantizing FMA prefill.
 //! 7. `wna16-portable` — anything, including other architectures.
@@ -280,7 +280,11 @@ const LADDER: [Rung; 9] = [
         name: "w4a16-avx512",
         check: |s, _, _| avx512_reason(s),
         level: IsaLevel::Avx512,
-        kernels: Some((KernelId::W4a16DecodeAvx512, KernelId::W4a16PrefillDirectAvx512Bf16, PackedLayout::Tinygemm64)),
+        kernels: Some((
+            KernelId::W4a16DecodeAvx512Bf16,
+            KernelId::W4a16PrefillDirectAvx512Bf16,
+            PackedLayout::Tinygemm64,
+        )),
         is_w4a8: false,
         forced_only: false,
     },
@@ -343,6 +347,15 @@ fn prefill_kernel(rung_prefill: KernelId, direct: bool, s: &CpuSnapshot) -> Kern
     }
 }
 
+/// The decode kernel a rung runs: the AVX-512 rung's `vdpbf16ps` decode needs AVX512-BF16 and keeps the
+/// f32-FMA AVX-512 decode without it.
+fn decode_kernel(rung_decode: KernelId, s: &CpuSnapshot) -> KernelId {
+    match rung_decode {
+        KernelId::W4a16DecodeAvx512Bf16 if !s.cpu.avx512bf16 => KernelId::W4a16DecodeAvx512,
+        k => k,
+    }
+}
+
 /// The plan for this machine, checkpoint and priority.
 pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overrides) -> Result<Plan, PolicyError> {
     let default_threshold = int4_kernels::w4a16::DEFAULT_DEQUANT_THRESHOLD;
@@ -402,7 +415,7 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
             (None, Some((decode, prefill, layout))) => {
                 return Ok(Plan {
                     path: rung.name.into(),
-                    decode: KernelPlan { kernel: decode.name().into(), isa: rung.level },
+                    decode: KernelPlan { kernel: decode_kernel(decode, s).name().into(), isa: rung.level },
                     prefill: KernelPlan { kernel: prefill_kernel(prefill, direct, s).name().into(), isa: rung.level },
                     layout,
                     dequant_threshold: threshold,

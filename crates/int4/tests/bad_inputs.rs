@@ -179,8 +179,10 @@ fn every_bad_input_in_the_table_gives_its_error() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// A layer whose N is not a multiple of 16 (a vocabulary of 90) runs on the padded 4-bit layout and gives
-/// the same logits as the fallback, which needs no padding (both quantize the same way at load).
+/// A layer whose N is not a multiple of 16 (a vocabulary of 90) runs on the padded 4-bit layout: its
+/// logits are, bit for bit, the first 90 of the same model with its 96 tokens (each output channel is
+/// computed on its own, and the 90 rows are quantized alike), and close to the fallback's, which needs no
+/// padding (the W4A16 kernels may round activations to bf16, the fallback does not).
 #[test]
 fn a_vocabulary_not_a_multiple_of_16_is_padded_and_dropped() {
     use int4::weights::Checkpoint;
@@ -207,14 +209,19 @@ fn a_vocabulary_not_a_multiple_of_16_is_padded_and_dropped() {
     safetensors::serialize_to_file(&views, None, &dir.join("model.safetensors")).unwrap();
     std::fs::write(dir.join("config.json"), CONFIG.replace("\"vocab_size\": 96", "\"vocab_size\": 90")).unwrap();
     std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
-    let logits = |path| {
-        let e = Engine::load(&dir, &opts(path)).unwrap();
+    let logits = |model: &Path, path| {
+        let e = Engine::load(model, &opts(path)).unwrap();
         let mut kv = e.new_cache().unwrap();
         e.model.forward(&[1, 17, 33, 5, 89], &mut kv, true).unwrap()
     };
-    let (w4, fallback) = (logits(RunPath::W4a16), logits(RunPath::Wna16));
-    assert_eq!(w4.len(), 5 * 90);
+    let (w4, fallback, full) =
+        (logits(&dir, RunPath::W4a16), logits(&dir, RunPath::Wna16), logits(&src, RunPath::W4a16));
+    assert_eq!((w4.len(), full.len()), (5 * 90, 5 * 96));
+    for p in 0..5 {
+        let (got, want) = (&w4[p * 90..(p + 1) * 90], &full[p * 96..p * 96 + 90]);
+        assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "position {p}: padded logits differ");
+    }
     let scale = fallback.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let worst = w4.iter().zip(&fallback).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    assert!(worst <= 1e-5 * scale, "padded W4A16 differs from the fallback by {worst} (scale {scale})");
+    assert!(worst <= 2e-2 * scale, "padded W4A16 differs from the fallback by {worst} (scale {scale})");
 }

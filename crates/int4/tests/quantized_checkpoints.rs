@@ -240,8 +240,15 @@ fn every_format_reads_exactly_and_runs_on_the_four_bit_paths() {
             let got = logits(&e);
             let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
             // The kernels accumulate in f32 in another order than the dense reference: a few ulps of the
-            // logit scale over K ≤ 160, through two layers.
-            assert!(worst <= scale * 1e-5, "{format:?} {path:?}: logits differ by {worst} (scale {scale})");
+            // logit scale over K ≤ 160, through two layers. Kernels that round the activations to bf16
+            // (W4A16 with AVX512-BF16) move this random model's logits by up to about 1% of their scale.
+            let bf16 = e
+                .model
+                .kernels(PROMPT.len())
+                .iter()
+                .any(|l| [l.decode, l.prefill].iter().any(|k| k.name().contains("bf16")));
+            let tolerance = if bf16 { 2e-2 } else { 1e-5 };
+            assert!(worst <= scale * tolerance, "{format:?} {path:?}: logits differ by {worst} (scale {scale})");
         }
     }
 }

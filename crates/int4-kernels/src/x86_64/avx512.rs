@@ -8,7 +8,9 @@
 //! channel, each byte read once. On Zen 4, whose 512-bit units are two 256-bit halves, this is about as
 //! fast per weight as the AVX2 kernel in cache (the same instruction count per weight), and faster on
 //! weights streamed from memory (the measurements are in `docs/perf.md`); on cores with full-width 512-bit
-//! units it does twice the work per instruction.
+//! units it does twice the work per instruction. With AVX512-BF16, [`decode_block_bf16`] takes a full
+//! 64-channel block with half the instructions per weight: codes become bf16 `128 + q` with an OR, and
+//! `vdpbf16ps` multiplies two input channels per lane against bf16 activations.
 //!
 //! **Prefill.** The panels the AVX2 prefill dequantizes (exact f32 weights, straight from the packed layout)
 //! are rounded to bf16 pairs and multiplied against bf16 activations by `vdpbf16ps`, two products per lane
@@ -136,6 +138,155 @@ pub unsafe fn decode_lanes<const MR: usize, const U: usize, const C: usize, cons
                 if !HALF {
                     _mm512_storeu_ps(tiles[2 * c + 1].add(r * 16), _mm512_shuffle_f32x4::<0b11_10_11_10>(tc[0], tc[1]));
                 }
+            }
+        }
+    }
+}
+
+/// bf16 bits of `128.0`: OR-ing a 4-bit code `q` into the low mantissa bits gives `128 + q` exactly (eight
+/// significant bits), the cheapest way from a nibble to a bf16.
+pub const BF16_CODE_BIAS: f32 = 128.0;
+
+/// Word order pairing sixteen channels' codes at input channels `kk` (words 0..32 of the first source) and
+/// `kk + 1` (the second source): word `2j` is channel `16h + j` at `kk`, word `2j + 1` the same channel at
+/// `kk + 1`.
+const fn pair_codes(h: u16) -> [u16; 32] {
+    let mut idx = [0u16; 32];
+    let mut j = 0;
+    while j < 16 {
+        idx[2 * j] = 16 * h + j as u16;
+        idx[2 * j + 1] = 32 + 16 * h + j as u16;
+        j += 1;
+    }
+    idx
+}
+
+/// W4A16 decode for `MR` rows of one full 64-channel tinygemm block (four lane groups, 32 bytes per input
+/// channel at `bytes + kk·32`), with bf16 activations and `vdpbf16ps`:
+///
+/// `tile[r][j] = Σ_g s·Σ_{k∈g} xb[r][k]·(128 + q) + (z − 136·s)·xs[r][g]`, which is `Σ_k xb·((q − 8)·s + z)`
+/// with `xs` the group sums of the bf16 activations `xb`.
+///
+/// Per pair of input channels, the two rows' 32 code bytes are widened to words and interleaved into
+/// channel pairs (`vpermt2w`, two per block); one ternary-logic op then makes each word the bf16 of
+/// `128 + q` for the low nibble, and a shift and an OR for the high nibble: four vectors of sixteen bf16
+/// pairs for 128 weights, each multiplied by the row's broadcast activation pair in one `vdpbf16ps`. The
+/// products are exact in f32 (8-bit significands); the sums are f32. Registers as in [`decode_lanes`]
+/// with `C` = 2. `U` independent accumulator sets take pairs in turn within a group; a group's odd last
+/// input channel (only where `k` or the group length is odd) pairs with zero.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL and AVX512-BF16. For every `r < MR`, `xb.add(r·ldx + p)` must be
+/// readable for every pair `p < ceil(k/2)`, and `xs.add(r·groups + g)` for every group
+/// `g < ceil(k/g_len)`; `bytes.add(kk·32 + 31)` readable for every `kk < k`; `sz[i].add(g·32 + 31)`
+/// readable for every group and `i < 4`; `tiles[i].add(r·16 + 15)` writable for every `r < MR`, `i < 4`.
+/// `g_len` must be even unless it is `k` (one group).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn decode_block_bf16<const MR: usize, const U: usize>(
+    xb: *const u32,
+    ldx: usize,
+    xs: *const f32,
+    bytes: *const u8,
+    sz: [*const f32; 4],
+    k: usize,
+    g_len: usize,
+    tiles: [*mut f32; 4],
+) {
+    let nibble = _mm512_set1_epi32(0x000F_000F);
+    let bias = _mm512_set1_epi32(0x4300_4300);
+    let idx = [pair_codes(0), pair_codes(1)].map(|i| {
+        // SAFETY: a 64-byte array read unaligned.
+        unsafe { _mm512_loadu_si512(i.as_ptr().cast()) }
+    });
+    let offset = _mm512_set1_ps(BF16_CODE_BIAS + 8.0);
+    let groups = k.div_ceil(g_len);
+    // The bf16 weight pairs of block half `c` (lane groups 2c, 2c + 1) at input channels kk and kk + 1
+    // (`two`), or kk alone paired with zero.
+    let codes = |kk: usize, two: bool| -> [[__m512bh; 2]; 2] {
+        // SAFETY: kk < k (and kk + 1 < k when `two`): 32 bytes at kk·32 (and the next 32) are readable.
+        let (a, b) = unsafe {
+            let p = bytes.add(kk * 32);
+            let a = _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.cast()));
+            let b =
+                if two { _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.add(32).cast())) } else { _mm512_setzero_si512() };
+            (a, b)
+        };
+        idx.map(|ix| {
+            let pairs = _mm512_permutex2var_epi16(a, ix, b);
+            // (pairs & 0xF) | 0x4300 per word: 0xEA is `(A & B) | C`.
+            let lo = _mm512_ternarylogic_epi32::<0xEA>(pairs, nibble, bias);
+            let hi = _mm512_or_si512(_mm512_srli_epi16::<4>(pairs), bias);
+            [bh512(lo), bh512(hi)]
+        })
+    };
+    let mut tot = [[[_mm512_setzero_ps(); 2]; 2]; MR];
+    for g in 0..groups {
+        let k0 = g * g_len;
+        let k1 = (k0 + g_len).min(k);
+        let mut acc = [[[[_mm512_setzero_ps(); 2]; 2]; MR]; U];
+        let step = |kk: usize, two: bool, set: &mut [[[__m512; 2]; 2]; MR]| {
+            let w = codes(kk, two);
+            for (r, a) in set.iter_mut().enumerate() {
+                // SAFETY: r < MR and kk/2 < ceil(k/2): the pair is readable (caller contract).
+                let xv = bh512(_mm512_set1_epi32(unsafe { *xb.add(r * ldx + kk / 2) } as i32));
+                for c in 0..2 {
+                    a[c][0] = _mm512_dpbf16_ps(a[c][0], w[c][0], xv);
+                    a[c][1] = _mm512_dpbf16_ps(a[c][1], w[c][1], xv);
+                }
+            }
+        };
+        let mut kk = k0;
+        while kk + 2 * U <= k1 {
+            for (u, set) in acc.iter_mut().enumerate() {
+                step(kk + 2 * u, true, set);
+            }
+            kk += 2 * U;
+        }
+        while kk + 2 <= k1 {
+            step(kk, true, &mut acc[0]);
+            kk += 2;
+        }
+        if kk < k1 {
+            step(kk, false, &mut acc[0]);
+        }
+        let mut sum = acc[0];
+        for set in &acc[1..] {
+            for (sr, ar) in sum.iter_mut().zip(set) {
+                for (sc, ac) in sr.iter_mut().zip(ar) {
+                    sc[0] = _mm512_add_ps(sc[0], ac[0]);
+                    sc[1] = _mm512_add_ps(sc[1], ac[1]);
+                }
+            }
+        }
+        for c in 0..2 {
+            // `[lane group 2c's eight | 2c + 1's]` of one of the four parameter rows (s_lo, s_hi, z_lo, z_hi).
+            let params = |row: usize| -> __m512 {
+                // SAFETY: g < groups and 2c + 1 < 4: sz[2c][g·32 + 8·row .. + 8] and sz[2c + 1]'s are
+                // readable (caller contract).
+                unsafe {
+                    let pa = _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c].add(g * 32 + 8 * row)));
+                    let pb = _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c + 1].add(g * 32 + 8 * row)));
+                    _mm512_shuffle_f32x4::<0b01_00_01_00>(pa, pb)
+                }
+            };
+            let (s_lo, s_hi) = (params(0), params(1));
+            let (z_lo, z_hi) = (_mm512_fnmadd_ps(offset, s_lo, params(2)), _mm512_fnmadd_ps(offset, s_hi, params(3)));
+            for (r, (t, a)) in tot.iter_mut().zip(&sum).enumerate() {
+                // SAFETY: r < MR, g < groups: xs[r·groups + g] is readable (caller contract).
+                let xsum = _mm512_set1_ps(unsafe { *xs.add(r * groups + g) });
+                t[c][0] = _mm512_fmadd_ps(z_lo, xsum, _mm512_fmadd_ps(s_lo, a[c][0], t[c][0]));
+                t[c][1] = _mm512_fmadd_ps(z_hi, xsum, _mm512_fmadd_ps(s_hi, a[c][1], t[c][1]));
+            }
+        }
+    }
+    for (r, t) in tot.iter().enumerate() {
+        for (c, tc) in t.iter().enumerate() {
+            // Lane group 2c's tile row is `[lo lanes 0..8 | hi lanes 0..8]`, 2c + 1's the upper eights.
+            // SAFETY: r < MR: row r of tiles 2c and 2c + 1 is writable (caller contract).
+            unsafe {
+                _mm512_storeu_ps(tiles[2 * c].add(r * 16), _mm512_shuffle_f32x4::<0b01_00_01_00>(tc[0], tc[1]));
+                _mm512_storeu_ps(tiles[2 * c + 1].add(r * 16), _mm512_shuffle_f32x4::<0b11_10_11_10>(tc[0], tc[1]));
             }
         }
     }
