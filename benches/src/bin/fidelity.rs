@@ -22,6 +22,7 @@
 
 use int4::engine::{Engine, LoadOptions, RunPath};
 use int4::eval::{Tally, score_position};
+use int4::linear::HeadBits;
 use int4::sampling::{argmax, top2_gap};
 use int4::text::Message;
 use int4_layout::GroupSize;
@@ -107,12 +108,12 @@ fn main() {
     let dir = int4_benches::model_dir_arg(&args, "fidelity", false);
     let new_tokens = if quick { 16 } else { 64 };
     let ref_dir = arg("--ref").map(std::path::PathBuf::from);
-    let load_from = |dir: &std::path::Path, path: RunPath, group: GroupSize| {
-        let opts = LoadOptions { path, group_size: group, context: 4096, ..LoadOptions::default() };
+    let load_from = |dir: &std::path::Path, path: RunPath, group: GroupSize, head_bits: HeadBits| {
+        let opts = LoadOptions { path, group_size: group, context: 4096, head_bits, ..LoadOptions::default() };
         Engine::load(dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
     };
-    let load = |path: RunPath, group: GroupSize| load_from(&dir, path, group);
-    let reference = load_from(ref_dir.as_deref().unwrap_or(&dir), RunPath::F32, GroupSize::G128);
+    let load = |path: RunPath, group: GroupSize, head_bits| load_from(&dir, path, group, head_bits);
+    let reference = load_from(ref_dir.as_deref().unwrap_or(&dir), RunPath::F32, GroupSize::G128, HeadBits::Four);
     let mut cases = prompts(&reference);
     if quick {
         cases.truncate(4);
@@ -126,19 +127,21 @@ fn main() {
         .map(|((_, p), (t, _))| all_logits(&reference, &[p.as_slice(), t.as_slice()].concat()))
         .collect();
 
-    let paths: &[(&str, RunPath, GroupSize)] = if ref_dir.is_some() {
+    let four = HeadBits::Four;
+    let paths: &[(&str, RunPath, GroupSize, HeadBits)] = if ref_dir.is_some() {
         &[
-            ("f32 (export decoded)", RunPath::F32, GroupSize::G128),
-            ("w4a16 (as stored)", RunPath::W4a16, GroupSize::G128),
-            ("w4a8 (as stored)", RunPath::W4a8, GroupSize::G128),
+            ("f32 (export decoded)", RunPath::F32, GroupSize::G128, four),
+            ("w4a16 (as stored)", RunPath::W4a16, GroupSize::G128, four),
+            ("w4a8 (as stored)", RunPath::W4a8, GroupSize::G128, four),
         ]
     } else {
         &[
-            ("w4a16 g32", RunPath::W4a16, GroupSize::G32),
-            ("w4a16 g128", RunPath::W4a16, GroupSize::G128),
-            ("w4a8 g32", RunPath::W4a8, GroupSize::G32),
-            ("w4a8 g128", RunPath::W4a8, GroupSize::G128),
-            ("bf16", RunPath::Bf16, GroupSize::G128),
+            ("w4a16 g32", RunPath::W4a16, GroupSize::G32, four),
+            ("w4a16 g128", RunPath::W4a16, GroupSize::G128, four),
+            ("w4a8 g32", RunPath::W4a8, GroupSize::G32, four),
+            ("w4a8 g32, 8-bit head", RunPath::W4a8, GroupSize::G32, HeadBits::Eight),
+            ("w4a8 g128", RunPath::W4a8, GroupSize::G128, four),
+            ("bf16", RunPath::Bf16, GroupSize::G128, four),
         ]
     };
     let ref_name = ref_dir.as_deref().unwrap_or(&dir).file_name().unwrap_or_default().to_string_lossy().to_string();
@@ -151,8 +154,8 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
-    for &(name, path, group) in paths {
-        let e = load(path, group);
+    for &(name, path, group, head_bits) in paths {
+        let e = load(path, group, head_bits);
         let k = &e.model.kernels(64)[2];
         let (mut exact, mut kept, mut total) = (0, 0usize, 0usize);
         let mut divergences = Vec::new();
