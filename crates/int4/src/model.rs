@@ -539,8 +539,13 @@ impl Model {
             .map(|s| s.name.as_str())
             .collect();
         let how = format!("quantized at load (round to nearest, group {})", f.group().to_checkpoint());
+        let head_how = match numerics.for_unquantized_head() {
+            Numerics::W8a8 { .. } => "quantized at load to 8 bits (amax/127 per 32, llama.cpp's Q8_0 grid)".to_string(),
+            _ => how.clone(),
+        };
         match plain.as_slice() {
             [] => Vec::new(),
+            [one] if *one == "lm_head" => vec![format!("lm_head is not quantized in the checkpoint: it is {head_how}")],
             [one] => vec![format!("{one} is not quantized in the checkpoint: it is {how}")],
             many if many.len() == specs.len() => vec![format!(
                 "none of the {} linear layers is quantized in the checkpoint, although its quantization_config says \

@@ -356,3 +356,30 @@ fn quantize_config_json_is_read_when_config_json_has_none() {
     let e = engine(&quant, RunPath::W4a16, None);
     assert_eq!(logits(&e), want);
 }
+
+/// The same tied GPTQ export with `head_bits: Eight`: the layers run as stored, the head (and the
+/// embedding lookup through it) in 8 bits on the W4A8 kernels; the load says so, the head holds about
+/// twice the bytes, and the logits come closer to the f32 path on the dequantized checkpoint.
+#[test]
+fn a_tied_head_can_be_held_in_eight_bits_on_w4a8() {
+    use int4::linear::HeadBits;
+    let (quant, plain) = checkpoints("w4a8-tied-h8", Format::GptqSymV1, true);
+    let want = logits(&engine(&plain, RunPath::F32, None));
+    let four = engine(&quant, RunPath::W4a8, None);
+    let opts = LoadOptions {
+        path: RunPath::W4a8,
+        context: 64,
+        cache: None,
+        head_bits: HeadBits::Eight,
+        ..LoadOptions::default()
+    };
+    let eight = Engine::load(&quant, &opts).unwrap();
+    assert!(eight.warnings.iter().any(|w| w.contains("lm_head") && w.contains("8 bits")), "{:?}", eight.warnings);
+    for l in eight.model.kernels(64) {
+        assert!(l.decode.name().starts_with("w4a8-") && l.prefill.name().starts_with("w4a8-"), "{}", l.layer);
+    }
+    assert!(eight.model.weight_bytes() > four.model.weight_bytes());
+    let err = |e: &Engine| -> f64 { logits(e).iter().zip(&want).map(|(a, b)| f64::from(a - b).powi(2)).sum() };
+    let (e4, e8) = (err(&four), err(&eight));
+    assert!(e8 < e4, "8-bit head error {e8} is not below the 4-bit head's {e4}");
+}
