@@ -329,6 +329,25 @@ fn results_are_bit_identical_for_any_thread_count() {
 /// 2⁻⁸ error per weight) still catches it when the group spans K. The layer is built so nothing can hide the
 /// error: codes 8..15 (`q − 8 ≥ 0`), zero 0, positive activations, and scales of 2⁻⁶ so that one bf16 ulp
 /// is a relative error of 2⁻⁷ and every weight is exact in bf16.
+/// The layer of [`the_budget_catches_a_scale_one_bf16_ulp_off`]: codes, correct parameters, the same with
+/// group 0 of channel 0's scale one bf16 ulp high, and one row of activations.
+fn scale_off_by_one_bf16_ulp(
+    rng: &mut Rng,
+    n: usize,
+    k: usize,
+    group: GroupSize,
+) -> (int4_layout::Codes, GroupParams, GroupParams, Vec<f32>) {
+    let codes = int4_layout::Codes::from_fn(n, k, |_, _| 8 + (rng.next_u64() % 8) as u8).unwrap();
+    let g = group.groups(k);
+    let scale = 1.0f32 / 64.0;
+    let params = GroupParams::new(n, k, group, vec![scale; n * g], vec![0.0; n * g]).unwrap();
+    let mut scales = params.scales().to_vec();
+    scales[0] = half::bf16::from_bits(half::bf16::from_f32(scale).to_bits() + 1).to_f32();
+    let bad = GroupParams::new(n, k, group, scales, params.zeros().to_vec()).unwrap();
+    let x: Vec<f32> = (0..k).map(|_| half::bf16::from_f32(0.5 + rng.unit()).to_f32()).collect();
+    (codes, params, bad, x)
+}
+
 #[test]
 fn the_budget_catches_a_scale_one_bf16_ulp_off() {
     let variants = runnable_variants_of("w4a16 budget sensitivity", &W4A16_VARIANTS);
@@ -339,14 +358,8 @@ fn the_budget_catches_a_scale_one_bf16_ulp_off() {
         (128, GroupSize::PerChannel, Budget::BF16_WEIGHTS, true),
     ] {
         let n = 16;
-        let codes = int4_layout::Codes::from_fn(n, k, |_, _| 8 + (rng.next_u64() % 8) as u8).unwrap();
+        let (codes, params, bad, x) = scale_off_by_one_bf16_ulp(&mut rng, n, k, group);
         let g = group.groups(k);
-        let scale = 1.0f32 / 64.0;
-        let params = GroupParams::new(n, k, group, vec![scale; n * g], vec![0.0; n * g]).unwrap();
-        let mut scales = params.scales().to_vec();
-        scales[0] = half::bf16::from_bits(half::bf16::from_f32(scale).to_bits() + 1).to_f32();
-        let bad = GroupParams::new(n, k, group, scales, params.zeros().to_vec()).unwrap();
-        let x: Vec<f32> = (0..k).map(|_| half::bf16::from_f32(0.5 + rng.unit()).to_f32()).collect();
         let mu =
             if prefill { magnitudes_w4(&x, 1, &codes, &params) } else { magnitudes_w4_decode(&x, 1, &codes, &params) };
         let want = reference::w4a16(&x, 1, &codes, &params, None);
@@ -509,14 +522,7 @@ fn the_bf16_decode_is_within_its_budget_on_f32_activations() {
     // budget sums `(128 + q)·s + |z − 136·s|` per term, about 80 times `|w|` for this layer, so the broken
     // group must be a large share of K (one of two) for a 2⁻⁷ error to stand out of it.
     let (n, k, group) = (64, 256, GroupSize::G128);
-    let codes = int4_layout::Codes::from_fn(n, k, |_, _| 8 + (rng.next_u64() % 8) as u8).unwrap();
-    let g = group.groups(k);
-    let scale = 1.0f32 / 64.0;
-    let params = GroupParams::new(n, k, group, vec![scale; n * g], vec![0.0; n * g]).unwrap();
-    let mut scales = params.scales().to_vec();
-    scales[0] = half::bf16::from_bits(half::bf16::from_f32(scale).to_bits() + 1).to_f32();
-    let bad = GroupParams::new(n, k, group, scales, params.zeros().to_vec()).unwrap();
-    let x: Vec<f32> = (0..k).map(|_| half::bf16::from_f32(0.5 + rng.unit()).to_f32()).collect();
+    let (codes, params, bad, x) = scale_off_by_one_bf16_ulp(&mut rng, n, k, group);
     let want = reference::w4a16(&x, 1, &codes, &params, None);
     let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
     let correct = build(&codes, &params, TinygemmBlock::N64, true, None, IsaLevel::Avx512);

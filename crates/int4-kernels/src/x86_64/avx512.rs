@@ -56,7 +56,6 @@ pub unsafe fn decode_lanes<const MR: usize, const U: usize, const C: usize, cons
     tiles: [*mut f32; 4],
 ) {
     let mask = _mm512_set1_epi32(0xF);
-    let eight = _mm512_set1_ps(8.0);
     let groups = k.div_ceil(g_len);
     // Pair c's codes at input channel kk: low and high, as f32.
     let codes = |kk: usize, c: usize| -> (__m512, __m512) {
@@ -95,52 +94,13 @@ pub unsafe fn decode_lanes<const MR: usize, const U: usize, const C: usize, cons
             step(kk, &mut acc[0]);
             kk += 1;
         }
-        let mut sum = acc[0];
-        for set in &acc[1..] {
-            for (sr, ar) in sum.iter_mut().zip(set) {
-                for (sc, ac) in sr.iter_mut().zip(ar) {
-                    sc[0] = _mm512_add_ps(sc[0], ac[0]);
-                    sc[1] = _mm512_add_ps(sc[1], ac[1]);
-                }
-            }
-        }
-        for c in 0..C {
-            // `[lane group 2c's eight | 2c + 1's]` of one of the four parameter rows (s_lo, s_hi, z_lo, z_hi).
-            let params = |row: usize| -> __m512 {
-                // SAFETY: g < groups, so sz[2c][g·32 + 8·row .. + 8] is readable, and sz[2c + 1]'s unless
-                // HALF (caller contract); with HALF the upper half repeats the first and is never stored.
-                unsafe {
-                    let pa = _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c].add(g * 32 + 8 * row)));
-                    let pb = if HALF {
-                        pa
-                    } else {
-                        _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c + 1].add(g * 32 + 8 * row)))
-                    };
-                    _mm512_shuffle_f32x4::<0b01_00_01_00>(pa, pb)
-                }
-            };
-            let (s_lo, s_hi) = (params(0), params(1));
-            let (z_lo, z_hi) = (_mm512_fnmadd_ps(eight, s_lo, params(2)), _mm512_fnmadd_ps(eight, s_hi, params(3)));
-            for (r, (t, a)) in tot.iter_mut().zip(&sum).enumerate() {
-                // SAFETY: r < MR, g < groups: xs[r·groups + g] is readable (caller contract).
-                let xsum = _mm512_set1_ps(unsafe { *xs.add(r * groups + g) });
-                t[c][0] = _mm512_fmadd_ps(z_lo, xsum, _mm512_fmadd_ps(s_lo, a[c][0], t[c][0]));
-                t[c][1] = _mm512_fmadd_ps(z_hi, xsum, _mm512_fmadd_ps(s_hi, a[c][1], t[c][1]));
-            }
-        }
+        // SAFETY: this function's features include AVX-512F.
+        let sum = unsafe { sum_sets(&acc) };
+        // SAFETY: the caller's contract covers what `group_epilogue` reads for group g.
+        unsafe { group_epilogue::<MR, C, HALF>(sz, g, xs, groups, 8.0, &sum, &mut tot) };
     }
-    for (r, t) in tot.iter().enumerate() {
-        for (c, tc) in t.iter().enumerate() {
-            // Lane group 2c's tile row is `[lo lanes 0..8 | hi lanes 0..8]`, 2c + 1's the upper eights.
-            // SAFETY: r < MR: row r of tile 2c (and of 2c + 1 unless HALF) is writable (caller contract).
-            unsafe {
-                _mm512_storeu_ps(tiles[2 * c].add(r * 16), _mm512_shuffle_f32x4::<0b01_00_01_00>(tc[0], tc[1]));
-                if !HALF {
-                    _mm512_storeu_ps(tiles[2 * c + 1].add(r * 16), _mm512_shuffle_f32x4::<0b11_10_11_10>(tc[0], tc[1]));
-                }
-            }
-        }
-    }
+    // SAFETY: the caller's contract covers the rows `store_tiles` writes.
+    unsafe { store_tiles::<MR, C, HALF>(&tot, tiles) };
 }
 
 /// bf16 bits of `128.0`: OR-ing a 4-bit code `q` into the low mantissa bits gives `128 + q` exactly (eight
@@ -199,7 +159,6 @@ pub unsafe fn decode_block_bf16<const MR: usize, const U: usize>(
         // SAFETY: a 64-byte array read unaligned.
         unsafe { _mm512_loadu_si512(i.as_ptr().cast()) }
     });
-    let offset = _mm512_set1_ps(BF16_CODE_BIAS + 8.0);
     let groups = k.div_ceil(g_len);
     // The bf16 weight pairs of block half `c` (lane groups 2c, 2c + 1) at input channels kk and kk + 1
     // (`two`), or kk alone paired with zero.
@@ -250,43 +209,102 @@ pub unsafe fn decode_block_bf16<const MR: usize, const U: usize>(
         if kk < k1 {
             step(kk, false, &mut acc[0]);
         }
-        let mut sum = acc[0];
-        for set in &acc[1..] {
-            for (sr, ar) in sum.iter_mut().zip(set) {
-                for (sc, ac) in sr.iter_mut().zip(ar) {
-                    sc[0] = _mm512_add_ps(sc[0], ac[0]);
-                    sc[1] = _mm512_add_ps(sc[1], ac[1]);
-                }
+        // SAFETY: this function's features include AVX-512F.
+        let sum = unsafe { sum_sets(&acc) };
+        // SAFETY: the caller's contract covers what `group_epilogue` reads for group g.
+        unsafe { group_epilogue::<MR, 2, false>(sz, g, xs, groups, BF16_CODE_BIAS + 8.0, &sum, &mut tot) };
+    }
+    // SAFETY: the caller's contract covers the rows `store_tiles` writes.
+    unsafe { store_tiles::<MR, 2, false>(&tot, tiles) };
+}
+
+/// The `U` accumulator sets of a decode kernel summed in set order.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_sets<const MR: usize, const C: usize, const U: usize>(
+    acc: &[[[[__m512; 2]; C]; MR]; U],
+) -> [[[__m512; 2]; C]; MR] {
+    let mut sum = acc[0];
+    for set in &acc[1..] {
+        for (sr, ar) in sum.iter_mut().zip(set) {
+            for (sc, ac) in sr.iter_mut().zip(ar) {
+                sc[0] = _mm512_add_ps(sc[0], ac[0]);
+                sc[1] = _mm512_add_ps(sc[1], ac[1]);
             }
         }
-        for c in 0..2 {
-            // `[lane group 2c's eight | 2c + 1's]` of one of the four parameter rows (s_lo, s_hi, z_lo, z_hi).
+    }
+    sum
+}
+
+/// A decode kernel's end of group `g`, for the group's scales `s` and zeros `z` of each lane:
+/// `tot = fma(s, sum, tot)` then `tot = fma(z − o·s, xs, tot)`. The kernel summed `x·c` for codes
+/// `c = q + o − 8`, so `s·c + (z − o·s) = (q − 8)·s + z`: `o` is 8 for the f32 kernel's raw codes `q`, and
+/// `128 + 8` for the bf16 kernel's `128 + q`.
+///
+/// # Safety
+/// AVX-512F must be enabled. `sz[2c].add(g·32 + 31)` must be readable for every `c < C`, and
+/// `sz[2c + 1]`'s too unless `HALF`; `xs.add(r·groups + g)` for every `r < MR`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn group_epilogue<const MR: usize, const C: usize, const HALF: bool>(
+    sz: [*const f32; 4],
+    g: usize,
+    xs: *const f32,
+    groups: usize,
+    offset: f32,
+    sum: &[[[__m512; 2]; C]; MR],
+    tot: &mut [[[__m512; 2]; C]; MR],
+) {
+    // SAFETY: every pointer read below is in the ranges of this function's contract.
+    unsafe {
+        let offset = _mm512_set1_ps(offset);
+        for c in 0..C {
+            // `[lane group 2c's eight | 2c + 1's]` of one of the four parameter rows (s_lo, s_hi, z_lo,
+            // z_hi); with HALF the upper half repeats the first and is never stored.
             let params = |row: usize| -> __m512 {
-                // SAFETY: g < groups and 2c + 1 < 4: sz[2c][g·32 + 8·row .. + 8] and sz[2c + 1]'s are
-                // readable (caller contract).
-                unsafe {
-                    let pa = _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c].add(g * 32 + 8 * row)));
-                    let pb = _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c + 1].add(g * 32 + 8 * row)));
-                    _mm512_shuffle_f32x4::<0b01_00_01_00>(pa, pb)
-                }
+                let pa = _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c].add(g * 32 + 8 * row)));
+                let pb = if HALF {
+                    pa
+                } else {
+                    _mm512_castps256_ps512(_mm256_loadu_ps(sz[2 * c + 1].add(g * 32 + 8 * row)))
+                };
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(pa, pb)
             };
             let (s_lo, s_hi) = (params(0), params(1));
             let (z_lo, z_hi) = (_mm512_fnmadd_ps(offset, s_lo, params(2)), _mm512_fnmadd_ps(offset, s_hi, params(3)));
-            for (r, (t, a)) in tot.iter_mut().zip(&sum).enumerate() {
-                // SAFETY: r < MR, g < groups: xs[r·groups + g] is readable (caller contract).
-                let xsum = _mm512_set1_ps(unsafe { *xs.add(r * groups + g) });
+            for (r, (t, a)) in tot.iter_mut().zip(sum).enumerate() {
+                let xsum = _mm512_set1_ps(*xs.add(r * groups + g));
                 t[c][0] = _mm512_fmadd_ps(z_lo, xsum, _mm512_fmadd_ps(s_lo, a[c][0], t[c][0]));
                 t[c][1] = _mm512_fmadd_ps(z_hi, xsum, _mm512_fmadd_ps(s_hi, a[c][1], t[c][1]));
             }
         }
     }
+}
+
+/// Writes a decode kernel's totals: lane group 2c's tile row is `[lo lanes 0..8 | hi lanes 0..8]`, 2c + 1's
+/// the upper eights (not written with `HALF`).
+///
+/// # Safety
+/// AVX-512F must be enabled. `tiles[2c].add(r·16 + 15)` must be writable for every `r < MR`, `c < C`, and
+/// `tiles[2c + 1]`'s too unless `HALF`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_tiles<const MR: usize, const C: usize, const HALF: bool>(
+    tot: &[[[__m512; 2]; C]; MR],
+    tiles: [*mut f32; 4],
+) {
     for (r, t) in tot.iter().enumerate() {
         for (c, tc) in t.iter().enumerate() {
-            // Lane group 2c's tile row is `[lo lanes 0..8 | hi lanes 0..8]`, 2c + 1's the upper eights.
-            // SAFETY: r < MR: row r of tiles 2c and 2c + 1 is writable (caller contract).
+            // SAFETY: the rows are writable (this function's contract).
             unsafe {
                 _mm512_storeu_ps(tiles[2 * c].add(r * 16), _mm512_shuffle_f32x4::<0b01_00_01_00>(tc[0], tc[1]));
-                _mm512_storeu_ps(tiles[2 * c + 1].add(r * 16), _mm512_shuffle_f32x4::<0b11_10_11_10>(tc[0], tc[1]));
+                if !HALF {
+                    _mm512_storeu_ps(tiles[2 * c + 1].add(r * 16), _mm512_shuffle_f32x4::<0b11_10_11_10>(tc[0], tc[1]));
+                }
             }
         }
     }
