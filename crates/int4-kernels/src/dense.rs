@@ -12,8 +12,12 @@ use crate::isa::{Avx2Fma, IsaCaps};
 use crate::kernel_id::KernelId;
 use rayon::prelude::*;
 
-/// Rows below which the dense layer runs the GEMV.
-pub const DENSE_GEMV_MAX_ROWS: usize = 4;
+/// The most rows the dense layer runs as a GEMV (more run the GEMM). The GEMV reads each weight row once
+/// for all rows and converts bf16 in registers; the GEMM first widens the weights into f32 panels, which
+/// at a few rows costs more than the products: on SmolLM2's bf16 path, batched decode of 4 sequences ran
+/// at 51–52 tok/s on the GEMM and 168–193 on the GEMV, and of 16 at 157–165 against 169–203
+/// (docs/perf.md).
+pub const DENSE_GEMV_MAX_ROWS: usize = 16;
 
 /// Dense weights `[N][K]`, row-major.
 #[derive(Clone, Debug)]
@@ -72,7 +76,7 @@ impl DenseLinear {
 
     /// The kernel `forward` runs for `m` rows.
     pub fn kernel_for(&self, m: usize) -> KernelId {
-        let gemv = m < DENSE_GEMV_MAX_ROWS;
+        let gemv = m <= DENSE_GEMV_MAX_ROWS;
         match (self.engine, &self.weights, gemv) {
             (Engine::Portable, _, _) => KernelId::DensePortable,
             (Engine::Avx2(_), DenseWeights::Bf16(_), true) => KernelId::DenseBf16GemvAvx2,
@@ -98,7 +102,7 @@ impl DenseLinear {
         if m == 0 {
             return Ok(());
         }
-        if m < DENSE_GEMV_MAX_ROWS {
+        if m <= DENSE_GEMV_MAX_ROWS {
             self.gemv(x, m, out)
         } else {
             self.gemm(x, m, out)

@@ -376,7 +376,7 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
             decode: KernelPlan { kernel: decode.name().into(), isa: level },
             prefill: KernelPlan { kernel: id.name().into(), isa: level },
             layout: PackedLayout::Bf16,
-            dequant_threshold: int4_kernels::dense::DENSE_GEMV_MAX_ROWS,
+            dequant_threshold: int4_kernels::dense::DENSE_GEMV_MAX_ROWS + 1,
             direct_dequant: true,
             rejected,
         });
