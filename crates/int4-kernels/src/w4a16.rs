@@ -478,7 +478,6 @@ impl W4A16Linear {
         }
         let g_len = w.group.len(k);
         let groups = w.group.groups(k);
-        let xs = portable::group_sums(x, m, k, g_len);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
         if let Some(tok) = self.avx512 {
             // The bf16 kernel's operands: activation pairs rounded to bf16, and their group sums.
@@ -486,12 +485,16 @@ impl W4A16Linear {
                 let (pairs, sums) = bf16_pairs_and_sums(x, m, k, g_len);
                 (t, pairs, sums)
             });
+            // The f32 kernel's group sums, unless the bf16 kernel takes every block (N a multiple of 64).
+            let xs =
+                if bf16.is_some() && n.is_multiple_of(64) { Vec::new() } else { portable::group_sums(x, m, k, g_len) };
             let bf16 = bf16.as_ref().map(|(t, p, s)| (*t, &p[..], &s[..]));
             self.decode_avx512(tok, bf16, x, m, &xs, &mut tiles);
             let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
             gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
             return Ok(());
         }
+        let xs = portable::group_sums(x, m, k, g_len);
         // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
         let min_lanes = (65536 / (16 * k)).max(1);
         tiles.par_chunks_mut(m * 16).with_min_len(min_lanes).enumerate().for_each(|(lg, tile)| {
@@ -545,7 +548,8 @@ impl W4A16Linear {
             let mut r0 = 0;
             while r0 < m {
                 let mr = DECODE_ROWS.min(m - r0);
-                let (xr, xsr) = (&x[r0 * k..], &xs[r0 * groups..]);
+                // `xs` is empty when the bf16 kernel takes every block.
+                let (xr, xsr) = (&x[r0 * k..], xs.get(r0 * groups..).unwrap_or(&[]));
                 let mut i = 0;
                 while i < count {
                     let lg = first + i;
@@ -894,14 +898,12 @@ fn bf16_pairs_and_sums(x: &[f32], m: usize, k: usize, g_len: usize) -> (Vec<u32>
     let mut pairs = vec![0u32; m * kp2];
     let mut sums = vec![0.0f32; m * groups];
     for (r, row) in x.chunks_exact(k).take(m).enumerate() {
-        let rounded = |kk: usize| bf16::from_f32(row[kk]);
-        for (p, d) in pairs[r * kp2..(r + 1) * kp2].iter_mut().enumerate() {
-            let lo = u32::from(rounded(2 * p).to_bits());
-            let hi = if 2 * p + 1 < k { u32::from(rounded(2 * p + 1).to_bits()) } else { 0 };
-            *d = lo | hi << 16;
-        }
-        for (g, s) in sums[r * groups..(r + 1) * groups].iter_mut().enumerate() {
-            *s = (g * g_len..((g + 1) * g_len).min(k)).map(|kk| rounded(kk).to_f32()).sum();
+        let (pairs, sums) = (&mut pairs[r * kp2..(r + 1) * kp2], &mut sums[r * groups..(r + 1) * groups]);
+        // Each value rounded once, stored in its pair and added to its group's sum in K order.
+        for (kk, &v) in row.iter().enumerate() {
+            let b = bf16::from_f32(v);
+            pairs[kk / 2] |= u32::from(b.to_bits()) << (16 * (kk % 2));
+            sums[kk / g_len] += b.to_f32();
         }
     }
     (pairs, sums)

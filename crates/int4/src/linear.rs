@@ -132,6 +132,18 @@ fn read_permutation(name: &str, bytes: &[u8], k: usize) -> Result<Vec<u32>> {
     Ok(p)
 }
 
+/// A `[G][np]` table from per-channel values `at(row, g)` for the `n` real channels; the padded channels
+/// `n..np` hold `pad`.
+fn transpose_to_gn<T: Copy>(n: usize, np: usize, groups: usize, pad: T, at: impl Fn(usize, usize) -> T) -> Vec<T> {
+    let mut out = vec![pad; groups * np];
+    for row in 0..n {
+        for g in 0..groups {
+            out[g * np + row] = at(row, g);
+        }
+    }
+    out
+}
+
 /// An artifact section's name: the layer's name and the part.
 fn section(name: &str, part: &str) -> String {
     format!("{name}.{part}")
@@ -213,33 +225,15 @@ impl Linear {
                 let codes = codes.padded_n(16);
                 // [N][G] → [G][N], padded channels with scale 0, zero point 8 and offset 0 (their outputs
                 // are dropped).
-                let mut scales_gn = vec![0.0f32; groups * np];
-                for row in 0..n {
-                    for g in 0..groups {
-                        scales_gn[g * np + row] = params.scale(row, g);
-                    }
-                }
+                let scales_gn = transpose_to_gn(n, np, groups, 0.0, |row, g| params.scale(row, g));
                 // Integer zero points ride in the i32 sums; float zeros (`w = s·(q − 8) + zero`, as
                 // `cpu_int4` and the load-time grid hold them) become the kernels' float offsets.
                 let (zeros_gn, offsets_gn) = match zeros.per_group(n, groups) {
                     Some(zeros_ng) => {
-                        let mut zeros_gn = vec![8u8; groups * np];
-                        for row in 0..n {
-                            for g in 0..groups {
-                                zeros_gn[g * np + row] = zeros_ng[row * groups + g];
-                            }
-                        }
+                        let zeros_gn = transpose_to_gn(n, np, groups, 8u8, |row, g| zeros_ng[row * groups + g]);
                         ((zeros != IntegerZeros::Symmetric).then_some(zeros_gn), None)
                     }
-                    None => {
-                        let mut offsets_gn = vec![0.0f32; groups * np];
-                        for row in 0..n {
-                            for g in 0..groups {
-                                offsets_gn[g * np + row] = params.zero(row, g);
-                            }
-                        }
-                        (None, Some(offsets_gn))
-                    }
+                    None => (None, Some(transpose_to_gn(n, np, groups, 0.0, |row, g| params.zero(row, g)))),
                 };
                 let w = W4A8Weights::pack(&codes, &scales_gn, zeros_gn.as_deref(), offsets_gn.as_deref(), group)
                     .map_err(|e| err(&e))?;
