@@ -131,39 +131,58 @@ pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
         // assert above keep every access in bounds for rows r0..r0+rows.
         unsafe {
             match rows {
-                8 => rows_vnni::<8>(b, r0, out),
-                7 => rows_vnni::<7>(b, r0, out),
-                6 => rows_vnni::<6>(b, r0, out),
-                5 => rows_vnni::<5>(b, r0, out),
-                4 => rows_vnni::<4>(b, r0, out),
-                3 => rows_vnni::<3>(b, r0, out),
-                2 => rows_vnni::<2>(b, r0, out),
-                _ => rows_vnni::<1>(b, r0, out),
+                8 => rows_vnni::<8, 1>(b, r0, out),
+                7 => rows_vnni::<7, 1>(b, r0, out),
+                6 => rows_vnni::<6, 1>(b, r0, out),
+                5 => rows_vnni::<5, 1>(b, r0, out),
+                4 => rows_vnni::<4, 1>(b, r0, out),
+                3 => rows_vnni::<3, 1>(b, r0, out),
+                2 => rows_vnni::<2, 2>(b, r0, out),
+                _ => rows_vnni::<1, 2>(b, r0, out),
             }
         }
         r0 += rows;
     }
 }
 
+/// `R` rows per pass; `U` chunks in flight. Each row keeps separate accumulators for the low and the high
+/// nibbles, and each of the `U` chunks its own pair: a `vpdpbusd` waits for the previous one on the same
+/// accumulator, so with one row and one chain the loop ran at the instruction's latency, not its
+/// throughput. The chains are added at the end of the group; i32 addition wraps and is associative, so
+/// the sum is the same bits as one chain's.
+///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL and VNNI; `b` must satisfy the block invariants (module docs),
-/// `r0 + R ≤ m`, and `out` must hold `m × 16` values.
+/// `r0 + R ≤ m`, `U` must divide 4 (spans are whole multiples of 4 chunks), and `out` must hold `m × 16`
+/// values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_vnni<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
+unsafe fn rows_vnni<const R: usize, const U: usize>(b: &Block, r0: usize, out: &mut [f32]) {
     let mask = _mm512_set1_epi8(0x0F);
     let w = b.w.as_ptr();
     for (g, span) in b.spans.iter().enumerate() {
+        let mut chains = [[[_mm512_setzero_si512(); 2]; R]; U];
+        let mut j = span.start / 8;
+        while j < span.end / 8 {
+            for (u, chain) in chains.iter_mut().enumerate() {
+                let j = j + u;
+                // SAFETY: chunk j lies within w (j < kp/8: spans hold whole multiples of U chunks).
+                let v = unsafe { _mm512_loadu_si512(w.add(j * 64).cast()) };
+                let (lo, hi) = (_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask));
+                for (r, acc) in chain.iter_mut().enumerate() {
+                    // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
+                    let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
+                    // SAFETY: as above.
+                    let (a0, a1) = unsafe { (_mm512_set1_epi32(quad(xp)), _mm512_set1_epi32(quad(xp.add(4)))) };
+                    acc[0] = _mm512_dpbusd_epi32(acc[0], lo, a0);
+                    acc[1] = _mm512_dpbusd_epi32(acc[1], hi, a1);
+                }
+            }
+            j += U;
+        }
         let mut acc = [_mm512_setzero_si512(); R];
-        for j in span.start / 8..span.end / 8 {
-            // SAFETY: chunk j lies within w (j < kp/8).
-            let v = unsafe { _mm512_loadu_si512(w.add(j * 64).cast()) };
-            let (lo, hi) = (_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
-                let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
-                // SAFETY: as above.
-                let (a0, a1) = unsafe { (_mm512_set1_epi32(quad(xp)), _mm512_set1_epi32(quad(xp.add(4)))) };
-                *acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*acc, lo, a0), hi, a1);
+        for chain in &chains {
+            for (acc, pair) in acc.iter_mut().zip(chain) {
+                *acc = _mm512_add_epi32(*acc, _mm512_add_epi32(pair[0], pair[1]));
             }
         }
         for (r, &acc) in acc.iter().enumerate() {
