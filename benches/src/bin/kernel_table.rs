@@ -2,7 +2,8 @@
 //! machine's own ceilings, interleaved round by round so that a noisy neighbour moves them together.
 //!
 //! `cargo xtask bench` runs this (release build, every core) and prints the markdown table; `--json FILE`
-//! writes the same numbers for machines; `--quick` uses fewer shapes and rounds.
+//! writes the same numbers for machines; `--quick` uses fewer shapes and rounds; `--memory-only` runs only
+//! the decode-from-memory table.
 //!
 //! Per shape and round: a streaming read over the packed weights (the bandwidth ceiling for that very
 //! buffer), W4A16 decode at M = 1 and M = 4, the dense bf16 GEMV and its own streaming read, W4A16 prefill
@@ -50,7 +51,7 @@ struct W4a8Row {
     decode1: f64,
     prefill: f64,
     read_packed: f64,
-    w4a16_bytes: usize,
+    read_bytes: usize,
     w4a16_decode1: f64,
     w4a16_prefill: f64,
 }
@@ -60,6 +61,8 @@ struct Row {
     n: usize,
     k: usize,
     packed_bytes: usize,
+    /// Bytes of the streaming read (the packed codes; the decode also reads the parameters).
+    read_bytes: usize,
     read_packed: f64,
     decode1: f64,
     decode4: f64,
@@ -79,6 +82,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let json_path = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
+    let memory_only = args.iter().any(|a| a == "--memory-only");
     let rounds = if quick { 3 } else { 7 };
     let budget = Duration::from_millis(if quick { 15 } else { 60 });
     let m_prefill = 512;
@@ -89,6 +93,10 @@ fn main() {
     let threads = rayon::current_num_threads();
     eprintln!("kernel table: ISA {} ({} threads), {} rounds", level.name(), threads, rounds);
 
+    if memory_only {
+        from_memory(quick, rounds, budget, block);
+        return;
+    }
     let shapes: Vec<(&str, usize, usize)> = if quick {
         vec![UPSTREAM_SHAPES[0], SMOLLM2_SHAPES[2], SMOLLM2_SHAPES[4]]
     } else {
@@ -169,7 +177,7 @@ fn main() {
             decode1: med[10],
             prefill: med[11],
             read_packed: med[0],
-            w4a16_bytes: direct.weights().decode_bytes(),
+            read_bytes: packed.len(),
             w4a16_decode1: med[1],
             w4a16_prefill: med[5],
         });
@@ -178,6 +186,7 @@ fn main() {
             n,
             k,
             packed_bytes: direct.weights().decode_bytes(),
+            read_bytes: packed.len(),
             read_packed: med[0],
             decode1: med[1],
             decode4: med[2],
@@ -207,7 +216,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut out = Vec::new();
     for r in &rows {
-        let read_gbs = r.packed_bytes as f64 / r.read_packed / 1e9;
+        let read_gbs = r.read_bytes as f64 / r.read_packed / 1e9;
         let dec_gbs = r.packed_bytes as f64 / r.decode1 / 1e9;
         let bf16_read = (r.n * r.k * 2) as f64 / r.read_bf16 / 1e9;
         let gemv_gbs = (r.n * r.k * 2) as f64 / r.gemv_bf16 / 1e9;
@@ -255,8 +264,8 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut w4a8_json = Vec::new();
     for (r, base) in w4a8_rows.iter().zip(&rows) {
-        // The read ceiling was measured on the W4A16 bytes; scale it to bytes per second.
-        let read_gbs = r.w4a16_bytes as f64 / r.read_packed / 1e9;
+        // The read ceiling was measured on the W4A16 codes; as bytes per second it applies to any buffer.
+        let read_gbs = r.read_bytes as f64 / r.read_packed / 1e9;
         let gbs = r.bytes as f64 / r.decode1 / 1e9;
         let gops = 2.0 * (m_prefill * r.n * r.k) as f64 / r.prefill / 1e9;
         println!(
@@ -314,12 +323,15 @@ fn main() {
         crossover.push(json!({"m": m, "decode_s": d, "prefill_s": p}));
     }
 
+    let memory = from_memory(quick, rounds, budget, block);
+
     if let Some(path) = json_path {
         let doc = json!({
             "schema": "int4-kernel-table/1",
             "isa": level.name(), "threads": threads, "rounds": rounds, "quick": quick,
             "group_size": 128, "block": format!("{block:?}"), "prefill_m": m_prefill,
             "rows": out, "w4a8_rows": w4a8_json, "crossover_2048x2048": crossover,
+            "from_memory": memory,
         });
         if let Some(dir) = std::path::Path::new(&path).parent() {
             std::fs::create_dir_all(dir).unwrap();
@@ -327,4 +339,114 @@ fn main() {
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
         eprintln!("wrote {path}");
     }
+}
+
+/// The last-level cache of CPU 0 in bytes, from sysfs; 32 MiB where sysfs does not say.
+fn last_level_cache() -> usize {
+    (0..8)
+        .filter_map(|i| {
+            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+            let level: u32 = std::fs::read_to_string(format!("{dir}/level")).ok()?.trim().parse().ok()?;
+            let size = std::fs::read_to_string(format!("{dir}/size")).ok()?;
+            let size = size.trim();
+            let (num, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len()));
+            let mult = match unit {
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                _ => 1,
+            };
+            Some((level, num.parse::<usize>().ok()? * mult))
+        })
+        .max()
+        .map_or(32 << 20, |(_, bytes)| bytes)
+}
+
+/// Calls `f` on `items` in turn: each call meets a buffer that `items.len() − 1` others have evicted.
+fn rotating<T>(items: &[T], mut f: impl FnMut(&T)) -> impl FnMut() {
+    let mut i = 0;
+    move || {
+        f(&items[i % items.len()]);
+        i += 1;
+    }
+}
+
+/// Decode as a model meets it: each layer's weights were evicted from cache since the layer last ran.
+/// Every timed call runs the next of enough copies of the layer to fill four times the last-level cache
+/// (at least 128 MiB), so its weights come from memory; the streaming read rotates over the same copies'
+/// codes in the same rounds. W4A16 at M = 1 and 4 and W4A8 at M = 1 and 4, g128.
+fn from_memory(quick: bool, rounds: usize, budget: Duration, block: TinygemmBlock) -> Vec<serde_json::Value> {
+    let llc = last_level_cache();
+    let target = (4 * llc).max(128 << 20);
+    let shapes: Vec<(&str, usize, usize)> = if quick {
+        vec![UPSTREAM_SHAPES[0]]
+    } else {
+        UPSTREAM_SHAPES.iter().chain(&SMOLLM2_SHAPES[4..]).copied().collect()
+    };
+    println!(
+        "\n### Decode from memory: each call on the next of enough copies to fill {} MiB (4 × the {} MiB last-level \
+         cache, at least 128), g128\n",
+        target >> 20,
+        llc >> 20
+    );
+    println!(
+        "| shape | N×K | copies | read GB/s | W4A16 M=1 µs | GB/s | % of read | M=4 / M=1 | W4A8 M=1 µs | GB/s | % of read | M=4 / M=1 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut out = Vec::new();
+    for (name, n, k) in shapes {
+        eprintln!("  from memory: {name} {n}x{k} ...");
+        let w = int4_benches::weights(n, k, 7);
+        let q = quantize_asymmetric(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
+        let qi = quantize_integer_zero(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
+        drop(w);
+        let groups = GroupSize::G128.groups(k);
+        let scales: Vec<f32> = (0..groups * n).map(|i| qi.scales[(i % n) * groups + i / n]).collect();
+        let zeros: Vec<u8> = (0..groups * n).map(|i| qi.zero_points[(i % n) * groups + i / n]).collect();
+        // Each copy is packed anew: a clone would share the packed buffer.
+        let new_w4a16 = || {
+            let weights = W4A16Weights::new(&q.codes, q.params.clone(), block, true).unwrap();
+            W4A16Linear::new(weights, None, W4A16Config::default()).unwrap()
+        };
+        let new_w4a8 = || {
+            let weights = W4A8Weights::pack(&qi.codes, &scales, Some(&zeros), None, GroupSize::G128).unwrap();
+            W4A8Linear::new(weights, None, IsaCaps::process()).unwrap()
+        };
+        let copies = target.div_ceil(new_w4a16().weights().decode_bytes()).max(2);
+        let w4a16s: Vec<W4A16Linear> = (0..copies).map(|_| new_w4a16()).collect();
+        let w4a8s: Vec<W4A8Linear> = (0..copies).map(|_| new_w4a8()).collect();
+        drop((q, qi));
+        let (w4a16, w4a8) = (&w4a16s[0], w4a8s[0].weights());
+        let (x1, x4) = (int4_benches::weights(1, k, 8), int4_benches::weights(4, k, 9));
+        let (mut o1, mut o4) = (vec![0.0; n], vec![0.0; 4 * n]);
+        let mut sink = 0u64;
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 5];
+        for _ in 0..rounds {
+            samples[0]
+                .push(time_per_call(budget, rotating(&w4a16s, |l| sink ^= ceiling::stream_read(l.weights().packed()))));
+            samples[1].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x1, 1, &mut o1).unwrap())));
+            samples[2].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x4, 4, &mut o4).unwrap())));
+            samples[3].push(time_per_call(budget, rotating(&w4a8s, |l| l.forward(&x1, 1, &mut o1).unwrap())));
+            samples[4].push(time_per_call(budget, rotating(&w4a8s, |l| l.forward(&x4, 4, &mut o4).unwrap())));
+        }
+        std::hint::black_box(sink);
+        let med: Vec<f64> = samples.into_iter().map(median).collect();
+        let read_gbs = w4a16.weights().packed().len() as f64 / med[0] / 1e9;
+        let (b16, b8) = (w4a16.weights().decode_bytes() as f64, w4a8.resident_bytes() as f64);
+        let (g16, g8) = (b16 / med[1] / 1e9, b8 / med[3] / 1e9);
+        println!(
+            "| {name} | {n}×{k} | {copies} | {read_gbs:.1} | {:.1} | {g16:.1} | {:.0}% | {:.2} | {:.1} | {g8:.1} | {:.0}% | {:.2} |",
+            med[1] * 1e6,
+            100.0 * g16 / read_gbs,
+            med[2] / med[1],
+            med[3] * 1e6,
+            100.0 * g8 / read_gbs,
+            med[4] / med[3],
+        );
+        out.push(json!({
+            "shape": name, "n": n, "k": k, "copies": copies, "stream_read_gbs": read_gbs,
+            "w4a16_bytes": b16, "w4a16_m1_s": med[1], "w4a16_m4_s": med[2],
+            "w4a8_bytes": b8, "w4a8_m1_s": med[3], "w4a8_m4_s": med[4],
+        }));
+    }
+    out
 }
