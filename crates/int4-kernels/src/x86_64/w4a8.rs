@@ -131,36 +131,36 @@ pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
         // assert above keep every access in bounds for rows r0..r0+rows.
         unsafe {
             match rows {
-                8 => rows_vnni::<8, 1>(b, r0, out),
-                7 => rows_vnni::<7, 1>(b, r0, out),
-                6 => rows_vnni::<6, 1>(b, r0, out),
-                5 => rows_vnni::<5, 1>(b, r0, out),
-                4 => rows_vnni::<4, 1>(b, r0, out),
-                3 => rows_vnni::<3, 1>(b, r0, out),
-                2 => rows_vnni::<2, 2>(b, r0, out),
-                _ => rows_vnni::<1, 2>(b, r0, out),
+                8 => rows_vnni::<8, 1, 1>(b, r0, out),
+                7 => rows_vnni::<7, 1, 1>(b, r0, out),
+                6 => rows_vnni::<6, 1, 1>(b, r0, out),
+                5 => rows_vnni::<5, 1, 1>(b, r0, out),
+                4 => rows_vnni::<4, 1, 2>(b, r0, out),
+                3 => rows_vnni::<3, 1, 2>(b, r0, out),
+                2 => rows_vnni::<2, 2, 2>(b, r0, out),
+                _ => rows_vnni::<1, 2, 2>(b, r0, out),
             }
         }
         r0 += rows;
     }
 }
 
-/// `R` rows per pass; `U` chunks in flight. Each row keeps separate accumulators for the low and the high
-/// nibbles, and each of the `U` chunks its own pair: a `vpdpbusd` waits for the previous one on the same
-/// accumulator, so with one row and one chain the loop ran at the instruction's latency, not its
-/// throughput. The chains are added at the end of the group; i32 addition wraps and is associative, so
-/// the sum is the same bits as one chain's.
+/// `R` rows per pass; `U` chunks in flight; `S` accumulators per row and chunk (2: one for the low and one
+/// for the high nibbles). A `vpdpbusd` waits for the previous one on the same accumulator, so with few
+/// rows and one chain per row the loop ran at the instruction's latency, not its throughput; from five
+/// rows the rows alone give enough independent chains. The chains are added at the end of the group; i32
+/// addition wraps and is associative, so the sum is the same bits as one chain's.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL and VNNI; `b` must satisfy the block invariants (module docs),
-/// `r0 + R ≤ m`, `U` must divide 4 (spans are whole multiples of 4 chunks), and `out` must hold `m × 16`
-/// values.
+/// `r0 + R ≤ m`, `U` must divide 4 (spans are whole multiples of 4 chunks), `S` must be 1 or 2, and `out`
+/// must hold `m × 16` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_vnni<const R: usize, const U: usize>(b: &Block, r0: usize, out: &mut [f32]) {
+unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r0: usize, out: &mut [f32]) {
     let mask = _mm512_set1_epi8(0x0F);
     let w = b.w.as_ptr();
     for (g, span) in b.spans.iter().enumerate() {
-        let mut chains = [[[_mm512_setzero_si512(); 2]; R]; U];
+        let mut chains = [[[_mm512_setzero_si512(); S]; R]; U];
         let mut j = span.start / 8;
         while j < span.end / 8 {
             for (u, chain) in chains.iter_mut().enumerate() {
@@ -174,15 +174,17 @@ unsafe fn rows_vnni<const R: usize, const U: usize>(b: &Block, r0: usize, out: &
                     // SAFETY: as above.
                     let (a0, a1) = unsafe { (_mm512_set1_epi32(quad(xp)), _mm512_set1_epi32(quad(xp.add(4)))) };
                     acc[0] = _mm512_dpbusd_epi32(acc[0], lo, a0);
-                    acc[1] = _mm512_dpbusd_epi32(acc[1], hi, a1);
+                    acc[S - 1] = _mm512_dpbusd_epi32(acc[S - 1], hi, a1);
                 }
             }
             j += U;
         }
         let mut acc = [_mm512_setzero_si512(); R];
         for chain in &chains {
-            for (acc, pair) in acc.iter_mut().zip(chain) {
-                *acc = _mm512_add_epi32(*acc, _mm512_add_epi32(pair[0], pair[1]));
+            for (acc, part) in acc.iter_mut().zip(chain) {
+                for &p in part {
+                    *acc = _mm512_add_epi32(*acc, p);
+                }
             }
         }
         for (r, &acc) in acc.iter().enumerate() {
