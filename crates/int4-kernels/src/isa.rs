@@ -66,6 +66,8 @@ pub enum Feature {
     Avx512Bf16,
     /// AVX512-VNNI (`vpdpbusd`).
     Avx512Vnni,
+    /// AVX512-VBMI (`vpermb`).
+    Avx512Vbmi,
     /// AMX-TILE with AMX-INT8 (`tdpbsud`), with the OS's tile state and Linux's permission.
     AmxInt8,
     /// AMX-TILE with AMX-BF16 (`tdpbf16ps`), with the OS's tile state and Linux's permission.
@@ -74,12 +76,13 @@ pub enum Feature {
 
 impl Feature {
     /// Every feature, for listings.
-    pub const ALL: [Feature; 7] = [
+    pub const ALL: [Feature; 8] = [
         Feature::Avx2,
         Feature::Fma,
         Feature::Avx512,
         Feature::Avx512Bf16,
         Feature::Avx512Vnni,
+        Feature::Avx512Vbmi,
         Feature::AmxInt8,
         Feature::AmxBf16,
     ];
@@ -92,6 +95,7 @@ impl Feature {
             Feature::Avx512 => "avx512",
             Feature::Avx512Bf16 => "avx512bf16",
             Feature::Avx512Vnni => "avx512vnni",
+            Feature::Avx512Vbmi => "avx512vbmi",
             Feature::AmxInt8 => "amx",
             Feature::AmxBf16 => "amxbf16",
         }
@@ -123,6 +127,7 @@ impl Feature {
                 }
                 Feature::Avx512Bf16 => std::arch::is_x86_feature_detected!("avx512bf16"),
                 Feature::Avx512Vnni => std::arch::is_x86_feature_detected!("avx512vnni"),
+                Feature::Avx512Vbmi => std::arch::is_x86_feature_detected!("avx512vbmi"),
                 Feature::AmxInt8 => crate::w4a8::amx::amx_int8_usable(),
                 Feature::AmxBf16 => crate::w4a8::amx::amx_bf16_usable(),
             }
@@ -294,6 +299,8 @@ impl Avx512 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Avx512Bf16 {
     avx512: Avx512,
+    /// Whether the CPU also has AVX512-VBMI and the caps allow it (see [`Avx512Bf16::vbmi`]).
+    vbmi: bool,
 }
 
 impl Avx512Bf16 {
@@ -306,12 +313,34 @@ impl Avx512Bf16 {
     /// The token, if the live CPU has AVX-512 F/BW/VL and BF16 (with AVX2 and FMA) and `caps` allows them.
     pub fn with_caps(caps: &IsaCaps) -> Option<Self> {
         let avx512 = Avx512::with_caps(caps)?;
-        caps.usable(Feature::Avx512Bf16).then_some(Avx512Bf16 { avx512 })
+        let vbmi = caps.usable(Feature::Avx512Vbmi);
+        caps.usable(Feature::Avx512Bf16).then_some(Avx512Bf16 { avx512, vbmi })
     }
 
     /// The AVX-512 token it implies.
     pub fn avx512(self) -> Avx512 {
         self.avx512
+    }
+
+    /// The token for AVX512-VBMI beside BF16, if the CPU has it and the caps that made this token allow it.
+    pub fn vbmi(self) -> Option<Avx512Bf16Vbmi> {
+        self.vbmi.then_some(Avx512Bf16Vbmi { bf16: self })
+    }
+}
+
+/// Proof that the live CPU supports AVX-512 F/BW/VL with AVX512-BF16 and AVX512-VBMI (`vpermb`), and that
+/// the caps allow them: the `vdpbf16ps` decode then pairs its codes with one byte permute per 64 weights.
+/// Made only by [`Avx512Bf16::vbmi`]. (Cooper Lake has BF16 without VBMI; Zen 4 and Sapphire Rapids have
+/// both.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Avx512Bf16Vbmi {
+    bf16: Avx512Bf16,
+}
+
+impl Avx512Bf16Vbmi {
+    /// The BF16 token it implies.
+    pub fn bf16(self) -> Avx512Bf16 {
+        self.bf16
     }
 }
 

@@ -912,7 +912,7 @@ fn bf16_pairs_and_sums(x: &[f32], m: usize, k: usize, g_len: usize) -> (Vec<u32>
 /// Calls the `vdpbf16ps` decode for one full 64-channel block after checking its ranges.
 #[allow(clippy::too_many_arguments)]
 fn decode_block_bf16_checked(
-    _tok: Avx512Bf16,
+    tok: Avx512Bf16,
     xb: &[u32],
     k: usize,
     xs: &[f32],
@@ -929,13 +929,25 @@ fn decode_block_bf16_checked(
     assert!(sz.iter().all(|p| p.len() >= groups * 32) && tiles.len() >= 4 * m * 16);
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::x86_64::avx512::decode_block_bf16 as d;
+        use crate::x86_64::avx512::{decode_block_bf16 as d, decode_block_bf16_vbmi as dv};
         let (xp, xsp, bp) = (xb.as_ptr(), xs.as_ptr(), bytes.as_ptr());
         let s: [*const f32; 4] = sz.map(<[f32]>::as_ptr);
         let base = tiles.as_mut_ptr();
         // SAFETY: the assert gives 4·m·16 floats of `tiles`, so each lane group's rows r0..r0 + mr (at
         // i·m·16 + r0·16, i < 4) are in range.
         let t: [*mut f32; 4] = std::array::from_fn(|i| unsafe { base.add(i * m * 16 + r0 * 16) });
+        if tok.vbmi().is_some() {
+            // SAFETY: as below; the `Avx512Bf16Vbmi` token proves AVX512-VBMI too.
+            unsafe {
+                match mr {
+                    1 => dv::<1, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    2 => dv::<2, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    3 => dv::<3, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    _ => dv::<4, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
+                }
+            }
+            return;
+        }
         // SAFETY: `Avx512Bf16` proves AVX-512 F/BW/VL and AVX512-BF16 on this CPU. The asserts give every
         // range `decode_block_bf16` reads (mr rows of ceil(k/2) pairs at stride ceil(k/2); xs[r·groups + g];
         // 32 bytes at kk·32 for kk < k; 32 floats per group of each lane group's parameters) and writes
@@ -950,7 +962,7 @@ fn decode_block_bf16_checked(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("no Avx512Bf16 token exists off x86-64");
+    unreachable!("no Avx512Bf16 token ({tok:?}) exists off x86-64");
 }
 
 /// Calls the AVX2 panel dequantization after checking its ranges (off x86-64, the portable loop).

@@ -532,3 +532,38 @@ fn the_bf16_decode_is_within_its_budget_on_f32_activations() {
     assert_within("bf16 decode, correct scales", &a, &want, |i| bound(i, 0.0));
     assert!((f64::from(b[0]) - want[0]).abs() > bound(0, 0.0), "the broken scale went unnoticed");
 }
+
+/// The `vdpbf16ps` decode pairs its codes with `vpermb` where the CPU has AVX512-VBMI and with widening
+/// loads and `vpermt2w` where it has not (Cooper Lake): the same bf16 pairs in the same order, so both
+/// give the same bits, on N with and without a 64-channel tail, K with a partial group, and
+/// every decode row count. Reported as skipped without AVX512-BF16 and VBMI.
+#[test]
+fn the_bf16_decode_gives_the_same_bits_with_and_without_vbmi() {
+    use int4_kernels::isa::{Avx512Bf16, Feature};
+    let caps = IsaCaps::process();
+    if Avx512Bf16::with_caps(caps).and_then(Avx512Bf16::vbmi).is_none() {
+        common::report_skip("the_bf16_decode_gives_the_same_bits_with_and_without_vbmi", "avx512bf16 + avx512vbmi");
+        return;
+    }
+    let without = caps.clone().without(Feature::Avx512Vbmi);
+    assert!(Avx512Bf16::with_caps(&without).is_some_and(|t| t.vbmi().is_none()));
+    let mut rng = Rng::new(10);
+    for (n, k, group) in [(64, 576, GroupSize::G32), (144, 200, GroupSize::G64), (2048, 1090, GroupSize::G128)] {
+        let (codes, params) = layer(&mut rng, n, k, group);
+        let make = |caps: &IsaCaps| {
+            let weights = W4A16Weights::new(&codes, params.clone(), TinygemmBlock::N64, true).unwrap();
+            W4A16Linear::forced(weights, None, W4A16Config::default(), IsaLevel::Avx512, caps).unwrap()
+        };
+        let (vbmi, plain) = (make(caps), make(&without));
+        assert_eq!(vbmi.kernel_for(1), KernelId::W4a16DecodeAvx512Bf16);
+        assert_eq!(plain.kernel_for(1), KernelId::W4a16DecodeAvx512Bf16);
+        for m in 1..=5 {
+            let x = rng.activations(m, k);
+            let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            vbmi.decode(&x, m, &mut a).unwrap();
+            plain.decode(&x, m, &mut b).unwrap();
+            let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "N={n} K={k} M={m} {group:?}: the VBMI and the vpermt2w pairing differ");
+        }
+    }
+}
