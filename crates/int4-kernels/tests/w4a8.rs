@@ -298,7 +298,19 @@ fn packing_checks_its_inputs_and_round_trips() {
     .unwrap();
     assert_eq!(back.packed()[..], w.packed()[..]);
     assert_eq!(back.scales(), w.scales());
-    assert_eq!(back.offsets(), Some(&offsets[..]));
+    assert_eq!(back.offsets(), w.offsets());
+    assert_eq!(
+        (back.scales_gn(), back.zeros_gn(), back.offsets_gn()),
+        (scales.clone(), Some(zeros.clone()), Some(offsets.clone()))
+    );
+    // The parameters come back in their channels and groups (stored in block order, read per channel).
+    for r in 0..32 {
+        for gi in 0..3 {
+            assert_eq!(back.scale(gi, r), scales[gi * 32 + r]);
+            assert_eq!(back.zero(gi, r), zeros[gi * 32 + r]);
+            assert_eq!(back.offset(gi, r), offsets[gi * 32 + r]);
+        }
+    }
 
     let err = |r: Result<W4A8Weights, int4_kernels::KernelError>| r.unwrap_err().to_string();
     let odd = Codes::from_fn(24, 72, |_, _| 0).unwrap();
@@ -310,7 +322,7 @@ fn packing_checks_its_inputs_and_round_trips() {
     bad_zero[5] = 16;
     assert!(err(pack(&scales, Some(&bad_zero), None)).contains("zero point is 16"));
     assert!(err(pack(&scales[1..], None, None)).contains("scale"));
-    assert!(err(pack(&scales, None, Some(&offsets[1..]))).contains("offset bytes"));
+    assert!(err(pack(&scales, None, Some(&offsets[1..]))).contains("offsets"));
     let mut bad_offset = offsets.clone();
     bad_offset[3] = f32::NAN;
     assert!(err(pack(&scales, None, Some(&bad_offset))).contains("offsets must be finite"));
@@ -552,21 +564,24 @@ fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
             weights.decode_row(row, &mut decoded).unwrap();
             assert!(decoded.iter().zip(&w[row * k..(row + 1) * k]).all(|(a, b)| a == b), "row {row} decodes q·d");
         }
-        assert_eq!(weights.lo().scales(), &d[..], "the scales are Q8_0's own");
+        for (i, &di) in d.iter().enumerate() {
+            assert_eq!(weights.lo().scale(i / n, i % n), di, "the scales are Q8_0's own");
+        }
         let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
         for m in [1, 3, 17] {
             let x = rng.activations(m, k);
             let a = quantize_activations(&x, m, weights.lo(), ActivationScales::PerGroup).unwrap();
             let plane = |p: &W4A8Weights, bias: Option<&[f32]>| {
                 let codes = Codes::from_fn(n, k, |r, c| p.code(r, c)).unwrap();
+                let (scales_gn, zeros_gn) = (p.scales_gn(), p.zeros_gn());
                 reference::w4a8(&reference::W4a8Operands {
                     xq: &a.data,
                     m,
                     k_padded: a.k_padded,
                     a_scales: &a.scales,
                     codes: &codes,
-                    scales_gn: p.scales(),
-                    zero_points_gn: p.zeros().map(|z| &z[..]),
+                    scales_gn: &scales_gn,
+                    zero_points_gn: zeros_gn.as_deref(),
                     offsets_gn: None,
                     g_len,
                     bias,

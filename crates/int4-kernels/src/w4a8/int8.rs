@@ -119,9 +119,8 @@ impl Int8Weights {
         if row >= n {
             return Err(KernelError::shape("row index (below N)", n, row));
         }
-        let scales = self.lo.scales();
         for (kk, o) in out.iter_mut().enumerate() {
-            *o = f32::from(self.code(row, kk)) * scales[(kk / self.lo.group_len()) * n + row];
+            *o = f32::from(self.code(row, kk)) * self.lo.scale(kk / self.lo.group_len(), row);
         }
         Ok(())
     }

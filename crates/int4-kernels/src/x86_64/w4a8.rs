@@ -9,13 +9,25 @@
 //! **Safety model.** The public functions are safe: they take a capability token (proof the CPU has the
 //! features) and a [`Block`], whose slices the driver built with checked lengths: `w` holds
 //! `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 32 (the smallest
-//! tile K block), and the scale, zero, offset, activation-scale and sum tables cover every group and
-//! column. The `unsafe` inner functions read only inside those.
+//! tile K block), the block's scale, zero and offset tables hold 16 values per group (`[G][16]`), and the
+//! activation-scale and sum tables cover every row and group (checked once per block). The `unsafe`
+//! inner functions read only inside those.
 
 use std::arch::x86_64::*;
 
 use crate::isa::{Avx2Fma, Avx512Vnni};
 use crate::w4a8::Block;
+
+/// Whether the block's scale, zero and offset tables hold 16 values per span (group).
+fn params_cover(b: &Block) -> bool {
+    let need = b.spans.len() * 16;
+    b.w_scales.len() >= need
+        && b.zeros.is_none_or(|z| z.len() >= need)
+        && b.offsets.is_none_or(|f| f.len() >= need)
+        && b.a_scales.len() >= b.m * b.groups
+        && b.sums.len() >= b.m * b.groups
+        && b.spans.len() <= b.groups
+}
 
 /// Reads the 4 activation bytes at `p` as one i32 (for a broadcast).
 ///
@@ -31,6 +43,7 @@ unsafe fn quad(p: *const i8) -> i32 {
 pub(crate) fn block_avx2(_tok: Avx2Fma, b: &Block, out: &mut [f32]) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
     assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
+    assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(4);
@@ -95,22 +108,22 @@ unsafe fn rows_avx2<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
             let sum = _mm256_set1_epi32(sum_i);
             let a_scale = _mm256_set1_ps(b.a_scales[row * b.groups + g]);
             for (h, &acc) in acc.iter().enumerate() {
-                let col = b.col0 + 8 * h;
+                let at = g * 16 + 8 * h;
                 let z = match b.zeros {
-                    // SAFETY: 8 zero points of group g from column col lie within the [G][N] table.
-                    Some(z) => _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(z.as_ptr().add(g * b.n + col).cast()) }),
+                    // SAFETY: the block's [G][16] zero points hold 8 at g·16 + 8h.
+                    Some(z) => _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(z.as_ptr().add(at).cast()) }),
                     None => _mm256_set1_epi32(8),
                 };
                 let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_mullo_epi32(z, sum)));
-                // SAFETY: 8 scales of group g from column col lie within the [G][N] table.
-                let ws = unsafe { _mm256_loadu_ps(b.w_scales.as_ptr().add(g * b.n + col)) };
+                // SAFETY: the block's [G][16] scales hold 8 at g·16 + 8h.
+                let ws = unsafe { _mm256_loadu_ps(b.w_scales.as_ptr().add(at)) };
                 // SAFETY: row < m, so out[row·16 + 8h .. +8] is within out.
                 let o = unsafe { out.as_mut_ptr().add(row * 16 + 8 * h) };
                 // SAFETY: as above.
                 let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws), unsafe { _mm256_loadu_ps(o) });
                 if let Some(f) = b.offsets {
-                    // SAFETY: 8 offsets of group g from column col lie within the [G][N] table.
-                    let f = unsafe { _mm256_loadu_ps(f.as_ptr().add(g * b.n + col)) };
+                    // SAFETY: the block's [G][16] offsets hold 8 at g·16 + 8h.
+                    let f = unsafe { _mm256_loadu_ps(f.as_ptr().add(at)) };
                     acc_f = _mm256_fmadd_ps(_mm256_set1_ps(sum_i as f32), _mm256_mul_ps(a_scale, f), acc_f);
                 }
                 // SAFETY: as above.
@@ -124,6 +137,7 @@ unsafe fn rows_avx2<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
 pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
     assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
+    assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(8);
@@ -190,15 +204,15 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r
         for (r, &acc) in acc.iter().enumerate() {
             let row = r0 + r;
             let z = match b.zeros {
-                // SAFETY: 16 zero points of group g from column col0 lie within the [G][N] table.
-                Some(z) => _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * b.n + b.col0).cast()) }),
+                // SAFETY: the block's [G][16] zero points hold 16 at g·16.
+                Some(z) => _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * 16).cast()) }),
                 None => _mm512_set1_epi32(8),
             };
             let sum_i = b.sums[row * b.groups + g];
             let sum = _mm512_set1_epi32(sum_i);
             let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_mullo_epi32(z, sum)));
-            // SAFETY: 16 scales of group g from column col0 lie within the [G][N] table.
-            let ws = unsafe { _mm512_loadu_ps(b.w_scales.as_ptr().add(g * b.n + b.col0)) };
+            // SAFETY: the block's [G][16] scales hold 16 at g·16.
+            let ws = unsafe { _mm512_loadu_ps(b.w_scales.as_ptr().add(g * 16)) };
             let a_scale = _mm512_set1_ps(b.a_scales[row * b.groups + g]);
             let s = _mm512_mul_ps(a_scale, ws);
             // SAFETY: row < m, so out[row·16 .. +16] is within out.
@@ -206,8 +220,8 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r
             // SAFETY: as above.
             let mut acc_f = _mm512_fmadd_ps(v, s, unsafe { _mm512_loadu_ps(o) });
             if let Some(f) = b.offsets {
-                // SAFETY: 16 offsets of group g from column col0 lie within the [G][N] table.
-                let f = unsafe { _mm512_loadu_ps(f.as_ptr().add(g * b.n + b.col0)) };
+                // SAFETY: the block's [G][16] offsets hold 16 at g·16.
+                let f = unsafe { _mm512_loadu_ps(f.as_ptr().add(g * 16)) };
                 acc_f = _mm512_fmadd_ps(_mm512_set1_ps(sum_i as f32), _mm512_mul_ps(a_scale, f), acc_f);
             }
             // SAFETY: as above.
