@@ -745,28 +745,30 @@ fn prefill_block_tiles<T: TileUnit>(
     Ok(())
 }
 
-/// The `direct_dequant: false` panel producer: reads each lane's channel row from the split-halves planes,
-/// with the lane's scale and zero fetched once per group.
+/// The `direct_dequant: false` panel producer: row by row of the panel, each of the lane's sixteen
+/// channels' codes from its split-halves row (low nibbles for the first K/2 input channels, high nibbles
+/// for the rest), with the lane's scales and zeros fetched once per group. (It took the row position as
+/// `t % (K/2)` per weight, a division each, and wrote the panel a column at a time; on SmolLM2 that made
+/// pp64 on `direct_dequant: false` 395–421 tok/s, now 640–653, against about 1100 direct.)
 fn halves_panel(h: &[u8], w: &W4A16Weights, lg: usize, k0: usize, k1: usize, panel: &mut [f32]) {
     let k = w.k;
     let half = k / 2;
     let g_len = w.group.len(k);
     let sz = w.lane_sz(lg);
-    for (j, &c) in w.lanes[lg].channels.iter().enumerate() {
-        let c = c as usize;
-        let row = &h[c * half..(c + 1) * half];
-        let mut kk = k0;
-        while kk < k1 {
-            let g = kk / g_len;
-            let end = ((g + 1) * g_len).min(k1);
-            let (s, z) = (sz[g * 32 + j], sz[g * 32 + 16 + j]);
-            for t in kk..end {
-                let b = row[t % half];
-                let q = if t >= half { b >> 4 } else { b & 0xF };
-                panel[(t - k0) * 16 + j] = int4_layout::dequantize(q, s, z);
+    let rows: [&[u8]; 16] = w.lanes[lg].channels.map(|c| &h[c as usize * half..(c as usize + 1) * half]);
+    let mut kk = k0;
+    while kk < k1 {
+        let g = kk / g_len;
+        let end = ((g + 1) * g_len).min(k1);
+        let (s, z) = (&sz[g * 32..g * 32 + 16], &sz[g * 32 + 16..g * 32 + 32]);
+        for t in kk..end {
+            let (at, shift) = if t < half { (t, 0) } else { (t - half, 4) };
+            let dst = &mut panel[(t - k0) * 16..(t - k0 + 1) * 16];
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = int4_layout::dequantize((rows[j][at] >> shift) & 0xF, s[j], z[j]);
             }
-            kk = end;
         }
+        kk = end;
     }
 }
 
