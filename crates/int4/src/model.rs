@@ -209,9 +209,13 @@ fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
 
 /// A run of at least this many query rows (one sequence, consecutive positions) takes the block path.
 const ATTN_BLOCK_MIN_ROWS: usize = 4;
-/// Below this many flops a layer's attention runs on the calling thread (a decode step at short context):
-/// a parallel hand-off costs more than it saves.
-const ATTN_PARALLEL_FLOPS: usize = 1 << 21;
+/// Below this many flops a layer's attention runs on the calling thread (on SmolLM2, a decode step in the
+/// first 14 positions): a parallel hand-off costs more than it saves. The step runs on a pool worker
+/// (`forward_rows`), so the hand-off is a work-stealing push, a few µs; at 2²¹ (the threshold while steps
+/// ran from outside the pool) decode attention stayed on one thread up to position 910 while the other
+/// core waited, and SmolLM2 tg128 ran 6–10% slower (W4A16 255–261 → 274–277 tok/s, W4A8 279–297 →
+/// 303–308, `model-bench`, alternated).
+const ATTN_PARALLEL_FLOPS: usize = 1 << 15;
 
 /// The shapes attention needs.
 #[derive(Clone, Copy)]
