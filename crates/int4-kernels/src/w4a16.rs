@@ -938,30 +938,23 @@ fn decode_block_bf16_checked(
         // SAFETY: the assert gives 4·m·16 floats of `tiles`, so each lane group's rows r0..r0 + mr (at
         // i·m·16 + r0·16, i < 4) are in range.
         let t: [*mut f32; 4] = std::array::from_fn(|i| unsafe { base.add(i * m * 16 + r0 * 16) });
-        if tok.vbmi().is_some() {
-            // SAFETY: as below; the `Avx512Bf16Vbmi` token proves AVX512-VBMI too.
-            unsafe {
+        // The row count picks the instance: two accumulator sets in flight for one or two rows, one for more.
+        macro_rules! by_rows {
+            ($f:ident) => {
                 match mr {
-                    1 => dv::<1, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
-                    2 => dv::<2, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
-                    3 => dv::<3, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
-                    _ => dv::<4, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    1 => $f::<1, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    2 => $f::<2, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    3 => $f::<3, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    _ => $f::<4, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
                 }
-            }
-            return;
+            };
         }
-        // SAFETY: `Avx512Bf16` proves AVX-512 F/BW/VL and AVX512-BF16 on this CPU. The asserts give every
-        // range `decode_block_bf16` reads (mr rows of ceil(k/2) pairs at stride ceil(k/2); xs[r·groups + g];
-        // 32 bytes at kk·32 for kk < k; 32 floats per group of each lane group's parameters) and writes
-        // (mr rows of 16 floats of each of the four tiles), and the group length is even or k.
-        unsafe {
-            match mr {
-                1 => d::<1, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
-                2 => d::<2, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
-                3 => d::<3, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
-                _ => d::<4, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
-            }
-        }
+        // SAFETY: `Avx512Bf16` proves AVX-512 F/BW/VL and AVX512-BF16 on this CPU, and `Avx512Bf16Vbmi`
+        // (only where `vbmi()` gives one) AVX512-VBMI too. The asserts give every range the decode reads
+        // (mr rows of ceil(k/2) pairs at stride ceil(k/2); xs[r·groups + g]; 32 bytes at kk·32 for kk < k;
+        // 32 floats per group of each lane group's parameters) and writes (mr rows of 16 floats of each of
+        // the four tiles), and the group length is even or k.
+        unsafe { if tok.vbmi().is_some() { by_rows!(dv) } else { by_rows!(d) } }
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("no Avx512Bf16 token ({tok:?}) exists off x86-64");
