@@ -2,12 +2,12 @@
 //!
 //! Small M runs a GEMV (one fixed-order dot product per output, each weight row read once for all rows);
 //! large M packs sixteen weight rows at a time into panels and runs the shared GEMM microkernel
-//! ([`crate::gemm`]).
+//! (the private `gemm` module).
 
 use half::bf16;
 
 use crate::error::{KernelError, check_len};
-use crate::gemm::{self, Engine};
+use crate::gemm::{self, InnerLoops};
 use crate::isa::{Avx2Fma, IsaCaps};
 use crate::kernel_id::KernelId;
 use rayon::prelude::*;
@@ -35,7 +35,7 @@ pub struct DenseLinear {
     k: usize,
     weights: DenseWeights,
     bias: Option<Vec<f32>>,
-    engine: Engine,
+    loops: InnerLoops,
 }
 
 impl DenseLinear {
@@ -60,8 +60,8 @@ impl DenseLinear {
         if let Some(b) = &bias {
             check_len("bias", n, b.len())?;
         }
-        let engine = Avx2Fma::with_caps(caps).map_or(Engine::Portable, Engine::Avx2);
-        Ok(DenseLinear { n, k, weights, bias, engine })
+        let loops = Avx2Fma::with_caps(caps).map_or(InnerLoops::Portable, InnerLoops::Avx2);
+        Ok(DenseLinear { n, k, weights, bias, loops })
     }
 
     /// Output channels.
@@ -77,12 +77,12 @@ impl DenseLinear {
     /// The kernel `forward` runs for `m` rows.
     pub fn kernel_for(&self, m: usize) -> KernelId {
         let gemv = m <= DENSE_GEMV_MAX_ROWS;
-        match (self.engine, &self.weights, gemv) {
-            (Engine::Portable, _, _) => KernelId::DensePortable,
-            (Engine::Avx2(_), DenseWeights::Bf16(_), true) => KernelId::DenseBf16GemvAvx2,
-            (Engine::Avx2(_), DenseWeights::Bf16(_), false) => KernelId::DenseBf16GemmAvx2,
-            (Engine::Avx2(_), DenseWeights::F32(_), true) => KernelId::DenseF32GemvAvx2,
-            (Engine::Avx2(_), DenseWeights::F32(_), false) => KernelId::DenseF32GemmAvx2,
+        match (self.loops, &self.weights, gemv) {
+            (InnerLoops::Portable, _, _) => KernelId::DensePortable,
+            (InnerLoops::Avx2(_), DenseWeights::Bf16(_), true) => KernelId::DenseBf16GemvAvx2,
+            (InnerLoops::Avx2(_), DenseWeights::Bf16(_), false) => KernelId::DenseBf16GemmAvx2,
+            (InnerLoops::Avx2(_), DenseWeights::F32(_), true) => KernelId::DenseF32GemvAvx2,
+            (InnerLoops::Avx2(_), DenseWeights::F32(_), false) => KernelId::DenseF32GemmAvx2,
         }
     }
 
@@ -130,13 +130,13 @@ impl DenseLinear {
 
     fn dot(&self, xr: &[f32], col: usize) -> f32 {
         let k = self.k;
-        match (&self.weights, self.engine) {
-            (DenseWeights::F32(w), Engine::Avx2(tok)) => dot_f32_avx2(tok, xr, &w[col * k..(col + 1) * k]),
-            (DenseWeights::Bf16(w), Engine::Avx2(tok)) => dot_bf16_avx2(tok, xr, &w[col * k..(col + 1) * k]),
-            (DenseWeights::F32(w), Engine::Portable) => {
+        match (&self.weights, self.loops) {
+            (DenseWeights::F32(w), InnerLoops::Avx2(tok)) => dot_f32_avx2(tok, xr, &w[col * k..(col + 1) * k]),
+            (DenseWeights::Bf16(w), InnerLoops::Avx2(tok)) => dot_bf16_avx2(tok, xr, &w[col * k..(col + 1) * k]),
+            (DenseWeights::F32(w), InnerLoops::Portable) => {
                 xr.iter().zip(&w[col * k..(col + 1) * k]).map(|(a, b)| a * b).sum()
             }
-            (DenseWeights::Bf16(w), Engine::Portable) => {
+            (DenseWeights::Bf16(w), InnerLoops::Portable) => {
                 xr.iter().zip(&w[col * k..(col + 1) * k]).map(|(a, b)| a * b.to_f32()).sum()
             }
         }
@@ -159,7 +159,7 @@ impl DenseLinear {
                 }
             }
         };
-        gemm::panel_gemm(self.engine, x, m, k, &mut tiles, &produce);
+        gemm::panel_gemm(self.loops, x, m, k, &mut tiles, &produce);
         let channels: Vec<[u32; 16]> = (0..lanes).map(|lg| std::array::from_fn(|j| (lg * 16 + j) as u32)).collect();
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
     }

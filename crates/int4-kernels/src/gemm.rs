@@ -25,7 +25,7 @@ pub(crate) type PanelProducer<'a> = dyn Fn(usize, usize, usize, &mut [f32]) + Sy
 
 /// Which implementation runs the inner loops.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Engine {
+pub(crate) enum InnerLoops {
     Avx2(Avx2Fma),
     Portable,
 }
@@ -33,7 +33,7 @@ pub(crate) enum Engine {
 /// Fills `tiles` (`[lanes][m][16]`, zeroed by the caller) with `Σ_k x[r][k]·panel_lg[k][j]`, where
 /// `produce(lg, k0, k1, panel)` writes lane group `lg`'s panel for input channels `k0..k1`.
 pub(crate) fn panel_gemm(
-    engine: Engine,
+    loops: InnerLoops,
     x: &[f32],
     m: usize,
     k: usize,
@@ -61,9 +61,9 @@ pub(crate) fn panel_gemm(
                 let a = &x[r0 * k + k0..];
                 for (l, panel) in panels.chunks_exact(kc * 16).take(lanes).enumerate() {
                     let t = &mut tiles[l * m * 16 + r0 * 16..l * m * 16 + (r0 + mr) * 16];
-                    match engine {
-                        Engine::Avx2(tok) => avx2_microkernel(tok, mr, kc, a, k, panel, t),
-                        Engine::Portable => portable::gemm_microkernel(mr, kc, a, k, panel, t),
+                    match loops {
+                        InnerLoops::Avx2(tok) => avx2_microkernel(tok, mr, kc, a, k, panel, t),
+                        InnerLoops::Portable => portable::gemm_microkernel(mr, kc, a, k, panel, t),
                     }
                 }
                 r0 += mr;

@@ -128,8 +128,8 @@ impl Feature {
                 Feature::Avx512Bf16 => std::arch::is_x86_feature_detected!("avx512bf16"),
                 Feature::Avx512Vnni => std::arch::is_x86_feature_detected!("avx512vnni"),
                 Feature::Avx512Vbmi => std::arch::is_x86_feature_detected!("avx512vbmi"),
-                Feature::AmxInt8 => crate::w4a8::amx::amx_int8_usable(),
-                Feature::AmxBf16 => crate::w4a8::amx::amx_bf16_usable(),
+                Feature::AmxInt8 => crate::x86_64::amx_probe::amx_int8_usable(),
+                Feature::AmxBf16 => crate::x86_64::amx_probe::amx_bf16_usable(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -3,11 +3,13 @@
 //! * [`w4a16`] — 4-bit weights in a tinygemm layout: a decode GEMV below `dequant_threshold` rows and a
 //!   prefill that dequantizes straight from the packed layout into bf16 panels for a GEMM at or above it;
 //! * [`dense`] — unquantized bf16 and f32 weights (the speed baseline and the fidelity reference path);
-//! * [`w4a8`] — int8 activations and 4-bit weights: AVX2, AVX-512 VNNI and AMX tiles (written over a tile
-//!   interface and tested on a bit-exact software emulator of the tile instructions), and portable Rust;
+//! * [`w4a8`] — int8 activations and 4-bit weights: AVX2, AVX-512 VNNI and AMX tiles, and portable Rust;
+//! * [`tile`] — the interface over Intel AMX's tile instructions that the W4A8 and the W4A16 AMX-BF16
+//!   kernels are written against, and a bit-exact software emulator of it; [`AmxTiles`] is the hardware
+//!   unit, built only from an AMX capability token;
 //! * [`portable`] — the wna16 fallback over row-major codes, and the scalar counterparts of every SIMD
 //!   inner loop, running on any architecture;
-//! * [`reference`] — the scalar f64 definition every kernel is tested against; [`budget`] — the error
+//! * [`reference`](mod@reference) — the scalar f64 definition every kernel is tested against; [`budget`] — the error
 //!   budget formulas those tests use; [`shapes`] — the shape corpus shared by tests and benchmarks.
 //!
 //! # ISA dispatch and safety model
@@ -38,6 +40,7 @@ pub mod kernel_id;
 pub mod portable;
 pub mod reference;
 pub mod shapes;
+pub mod tile;
 pub mod vector;
 pub mod w4a16;
 pub mod w4a8;
@@ -46,3 +49,5 @@ mod x86_64;
 
 pub use error::{KernelError, KernelErrorKind};
 pub use kernel_id::KernelId;
+#[cfg(target_arch = "x86_64")]
+pub use x86_64::amx::AmxTiles;

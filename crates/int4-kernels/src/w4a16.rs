@@ -5,7 +5,7 @@
 //! * **decode** (`M < dequant_threshold`): a GEMV that reads each packed byte once per block of four rows
 //!   and keeps the group's scale and zero out of the inner loop (`s·Σ x·(q − 8) + z·Σ x` per group);
 //! * **prefill** (`M ≥ dequant_threshold`): dequantize from the packed layout into panels, one lane group
-//!   and K chunk at a time, and run the GEMM microkernel over them ([`crate::gemm`]). On AVX2 (no bf16
+//!   and K chunk at a time, and run the GEMM microkernel over them (the private `gemm` module). On AVX2 (no bf16
 //!   arithmetic) the panels hold the exact f32 weights and the microkernel is f32 FMA. With
 //!   `direct_dequant: true` (the default) the panels come straight from the tinygemm bytes and no second
 //!   copy of the weights exists; with `false` the layer also keeps split-halves planes and the prefill
@@ -24,11 +24,11 @@ use rayon::prelude::*;
 
 use crate::bytes::SharedBytes;
 use crate::error::{KernelError, KernelErrorKind, check_len};
-use crate::gemm::{self, Engine};
+use crate::gemm::{self, InnerLoops};
 use crate::isa::{AmxBf16, Avx2Fma, Avx512, Avx512Bf16, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::portable;
-use crate::w4a8::tile::{TileConfig, TileError, TileUnit};
+use crate::tile::{TileConfig, TileError, TileUnit};
 
 /// The row count at and above which [`W4A16Linear`] takes the prefill kernel, unless configured otherwise.
 ///
@@ -323,12 +323,12 @@ pub struct W4A16Linear {
     weights: W4A16Weights,
     bias: Option<Vec<f32>>,
     config: W4A16Config,
-    engine: Engine,
-    /// AMX-BF16 tiles for the direct prefill, where the CPU has them (decode stays on `engine`).
+    loops: InnerLoops,
+    /// AMX-BF16 tiles for the direct prefill, where the CPU has them (decode stays on `loops`).
     amx: Option<AmxBf16>,
     /// The AVX-512 decode, where the CPU has it.
     avx512: Option<Avx512>,
-    /// The `vdpbf16ps` prefill, where the CPU has AVX512-BF16 (else the prefill runs on `engine`).
+    /// The `vdpbf16ps` prefill, where the CPU has AVX512-BF16 (else the prefill runs on `loops`).
     bf16: Option<Avx512Bf16>,
 }
 
@@ -345,8 +345,8 @@ impl W4A16Linear {
         config: W4A16Config,
         caps: &IsaCaps,
     ) -> Result<Self, KernelError> {
-        let engine = Avx2Fma::with_caps(caps).map_or(Engine::Portable, Engine::Avx2);
-        let mut layer = Self::build(weights, bias, config, engine)?;
+        let loops = Avx2Fma::with_caps(caps).map_or(InnerLoops::Portable, InnerLoops::Avx2);
+        let mut layer = Self::build(weights, bias, config, loops)?;
         layer.amx = AmxBf16::with_caps(caps);
         layer.avx512 = Avx512::with_caps(caps);
         layer.bf16 = Avx512Bf16::with_caps(caps);
@@ -362,10 +362,10 @@ impl W4A16Linear {
         level: IsaLevel,
         caps: &IsaCaps,
     ) -> Result<Self, KernelError> {
-        let engine = match level {
-            IsaLevel::Portable => Engine::Portable,
+        let loops = match level {
+            IsaLevel::Portable => InnerLoops::Portable,
             IsaLevel::Avx2 => {
-                Engine::Avx2(Avx2Fma::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
+                InnerLoops::Avx2(Avx2Fma::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
                     kernel: "w4a16-avx2",
                     missing: "AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
                 }))?)
@@ -375,7 +375,7 @@ impl W4A16Linear {
                     kernel: "w4a16-decode-avx512",
                     missing: "AVX-512 F/BW/VL, AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
                 }))?;
-                let mut layer = Self::build(weights, bias, config, Engine::Avx2(tok.avx2()))?;
+                let mut layer = Self::build(weights, bias, config, InnerLoops::Avx2(tok.avx2()))?;
                 layer.avx512 = Some(tok);
                 // The bf16 prefill where the CPU (and the caps) have BF16; AVX-512 without it (or with
                 // `INT4_DISABLE=avx512bf16`) keeps the f32-FMA prefill.
@@ -387,19 +387,19 @@ impl W4A16Linear {
                     kernel: "w4a16-prefill-amx-bf16",
                     missing: "AMX-BF16 usable in this process (CPUID AMX-TILE/AMX-BF16, XCR0 tile state, Linux's tile permission) and AVX2 + FMA",
                 }))?;
-                let mut layer = Self::build(weights, bias, config, Engine::Avx2(tok.avx2()))?;
+                let mut layer = Self::build(weights, bias, config, InnerLoops::Avx2(tok.avx2()))?;
                 layer.amx = Some(tok);
                 return Ok(layer);
             }
         };
-        Self::build(weights, bias, config, engine)
+        Self::build(weights, bias, config, loops)
     }
 
     fn build(
         weights: W4A16Weights,
         bias: Option<Vec<f32>>,
         config: W4A16Config,
-        engine: Engine,
+        loops: InnerLoops,
     ) -> Result<Self, KernelError> {
         if let Some(b) = &bias {
             check_len("bias", weights.n, b.len())?;
@@ -410,7 +410,7 @@ impl W4A16Linear {
                     .into(),
             )));
         }
-        Ok(W4A16Linear { weights, bias, config, engine, amx: None, avx512: None, bf16: None })
+        Ok(W4A16Linear { weights, bias, config, loops, amx: None, avx512: None, bf16: None })
     }
 
     /// The weights.
@@ -442,12 +442,12 @@ impl W4A16Linear {
                 KernelId::W4a16PrefillHalvesAvx512Bf16
             };
         }
-        match (m >= self.config.dequant_threshold, self.engine, self.config.direct_dequant) {
-            (false, Engine::Avx2(_), _) => KernelId::W4a16DecodeAvx2,
-            (false, Engine::Portable, _) => KernelId::W4a16DecodePortable,
-            (true, Engine::Avx2(_), true) => KernelId::W4a16PrefillDirectAvx2,
-            (true, Engine::Avx2(_), false) => KernelId::W4a16PrefillHalvesAvx2,
-            (true, Engine::Portable, _) => KernelId::W4a16PrefillPortable,
+        match (m >= self.config.dequant_threshold, self.loops, self.config.direct_dequant) {
+            (false, InnerLoops::Avx2(_), _) => KernelId::W4a16DecodeAvx2,
+            (false, InnerLoops::Portable, _) => KernelId::W4a16DecodePortable,
+            (true, InnerLoops::Avx2(_), true) => KernelId::W4a16PrefillDirectAvx2,
+            (true, InnerLoops::Avx2(_), false) => KernelId::W4a16PrefillHalvesAvx2,
+            (true, InnerLoops::Portable, _) => KernelId::W4a16PrefillPortable,
         }
     }
 
@@ -505,9 +505,9 @@ impl W4A16Linear {
                 let xr = &x[r0 * k..];
                 let xsr = &xs[r0 * groups..];
                 let t = &mut tile[r0 * 16..(r0 + mr) * 16];
-                match self.engine {
-                    Engine::Avx2(tok) => decode_avx2(tok, mr, xr, k, xsr, lb, stride, sz, g_len, t),
-                    Engine::Portable => portable::decode_lane_group(mr, xr, k, xsr, lb, stride, sz, k, g_len, t),
+                match self.loops {
+                    InnerLoops::Avx2(tok) => decode_avx2(tok, mr, xr, k, xsr, lb, stride, sz, g_len, t),
+                    InnerLoops::Portable => portable::decode_lane_group(mr, xr, k, xsr, lb, stride, sz, k, g_len, t),
                 }
                 r0 += mr;
             }
@@ -612,16 +612,16 @@ impl W4A16Linear {
         }
         #[cfg(target_arch = "x86_64")]
         if let (Some(tok), true) = (self.amx, self.config.direct_dequant) {
-            return self.prefill_tiles(&|| crate::w4a8::amx::AmxTiles::for_bf16(tok), x, m, out);
+            return self.prefill_tiles(&|| crate::x86_64::amx::AmxTiles::for_bf16(tok), x, m, out);
         }
         let g_len = w.group.len(k);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
-        let engine = self.engine;
+        let loops = self.loops;
         let direct = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
             let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
-            match engine {
-                Engine::Avx2(tok) => dequant_panel_avx2(tok, lb, stride, sz, k0, k1, g_len, panel),
-                Engine::Portable => portable::dequant_panel(lb, stride, sz, k0, k1, g_len, panel),
+            match loops {
+                InnerLoops::Avx2(tok) => dequant_panel_avx2(tok, lb, stride, sz, k0, k1, g_len, panel),
+                InnerLoops::Portable => portable::dequant_panel(lb, stride, sz, k0, k1, g_len, panel),
             }
         };
         let from_halves = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
@@ -634,7 +634,7 @@ impl W4A16Linear {
         match self.bf16 {
             // The same exact f32 panels, rounded to bf16 pairs, against bf16 activations.
             Some(tok) => gemm::panel_gemm_bf16(tok, &gemm::bf16_rows(tok, x, m, k), m, k, &mut tiles, produce),
-            None => gemm::panel_gemm(engine, x, m, k, &mut tiles, produce),
+            None => gemm::panel_gemm(loops, x, m, k, &mut tiles, produce),
         }
         let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
@@ -674,7 +674,7 @@ impl W4A16Linear {
                 d.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
             }
         }
-        let engine = self.engine;
+        let loops = self.loops;
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
         tiles
             .par_chunks_mut(m * 16)
@@ -682,9 +682,9 @@ impl W4A16Linear {
             .try_for_each(|(lg, tile)| {
                 let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
                 let mut panel = vec![0.0f32; k * 16];
-                match engine {
-                    Engine::Avx2(tok) => dequant_panel_avx2(tok, lb, stride, sz, 0, k, g_len, &mut panel),
-                    Engine::Portable => portable::dequant_panel(lb, stride, sz, 0, k, g_len, &mut panel),
+                match loops {
+                    InnerLoops::Avx2(tok) => dequant_panel_avx2(tok, lb, stride, sz, 0, k, g_len, &mut panel),
+                    InnerLoops::Portable => portable::dequant_panel(lb, stride, sz, 0, k, g_len, &mut panel),
                 }
                 // B tiles: row p holds K pair (2p, 2p + 1); channel c's pair at bytes 4c..4c + 4.
                 let mut b = vec![0u8; kp / 2 * 64];

@@ -80,7 +80,7 @@ fn bf16_prefill(lin: &W4A16Linear) -> bool {
 /// against a dot product done the same way in plain Rust, bit for bit.
 #[test]
 fn amx_bf16_prefill_tiling_is_within_its_budget_on_the_tile_emulator() {
-    use int4_kernels::w4a8::tile::TileEmulator;
+    use int4_kernels::tile::TileEmulator;
     let mut rng = Rng::new(31);
     let mut cases = 0;
     for (n, k, group, block) in [
@@ -110,7 +110,7 @@ fn amx_bf16_prefill_tiling_is_within_its_budget_on_the_tile_emulator() {
             match int4_kernels::isa::AmxBf16::new() {
                 Some(tok) => {
                     let mut hw = vec![f32::NAN; m * n];
-                    let unit = || int4_kernels::w4a8::amx::AmxTiles::for_bf16(tok);
+                    let unit = || int4_kernels::AmxTiles::for_bf16(tok);
                     lin.prefill_tiles(&unit, &x, m, &mut hw).unwrap();
                     assert_within(&format!("hardware {what}"), &hw, &want, |i| {
                         Budget::BF16_BOTH.bound(k, mu[i], b(i)) + k as f64 * f64::from(f32::MIN_POSITIVE)

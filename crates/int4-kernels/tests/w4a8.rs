@@ -10,7 +10,7 @@ mod common;
 use common::Rng;
 use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::reference;
-use int4_kernels::w4a8::tile::{TileConfig, TileEmulator, TileError, TileUnit};
+use int4_kernels::tile::{TileConfig, TileEmulator, TileError, TileUnit};
 use int4_kernels::w4a8::{
     ActivationScales, QuantizedActivations, W4A8Kernel, W4A8Linear, W4A8Weights, gemm, gemm_tiles, quantize_activations,
 };
@@ -351,7 +351,7 @@ fn a_forced_kernel_the_cpu_lacks_is_an_error() {
     let amx = W4A8Kernel::at_level(IsaLevel::Amx, &IsaCaps::unrestricted());
     assert_eq!(
         amx.is_ok(),
-        int4_kernels::w4a8::amx::amx_int8_usable() && int4_kernels::isa::Avx512Vnni::new().is_some()
+        int4_kernels::isa::Feature::AmxInt8.detected() && int4_kernels::isa::Avx512Vnni::new().is_some()
     );
     if let Ok(k) = amx {
         assert_eq!((k.id_for(15), k.id_for(16)), (KernelId::W4a8Vnni, KernelId::W4a8Amx));
@@ -376,7 +376,7 @@ fn every_isa_cap_dispatches_to_the_best_kernel_it_allows_bit_exactly() {
     let live = IsaCaps::unrestricted();
     let detected = |f: Feature| f.detected();
     let vnni = detected(Feature::Avx2) && detected(Feature::Avx512) && detected(Feature::Avx512Vnni);
-    let amx = vnni && int4_kernels::w4a8::amx::amx_int8_usable();
+    let amx = vnni && int4_kernels::isa::Feature::AmxInt8.detected();
     let matrix = [
         ("portable", live.clone().with_max_level(IsaLevel::Portable), KernelId::W4a8Portable),
         ("avx2", live.clone().with_max_level(IsaLevel::Avx2), KernelId::W4a8Avx2),

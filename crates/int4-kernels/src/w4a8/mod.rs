@@ -41,13 +41,12 @@
 //!
 //! [`W4A8Kernel`]: portable Rust (any CPU), AVX2 (`vpmaddubsw`), AVX-512 VNNI (`vpdpbusd`), and AMX
 //! (`tdpbsud`, from [`AMX_MIN_ROWS`] rows; VNNI below). The AMX tiling is written once over
-//! [`tile::TileUnit`], so the same code runs on the hardware ([`amx::AmxTiles`]) and, in tests here, on the
-//! bit-exact [`tile::TileEmulator`]. Every kernel computes the same integers and the same f32 operations in
+//! [`crate::tile::TileUnit`], so the same code runs on the hardware (`AmxTiles`, in `x86_64::amx`) and, in
+//! tests here, on the bit-exact [`crate::tile::TileEmulator`]. Every kernel computes the same integers and the same f32 operations in
 //! the same order, so all of them agree with [`crate::reference::w4a8`] bit for bit.
 
-pub mod amx;
+pub(crate) mod block;
 pub mod int8;
-pub mod tile;
 
 use std::ops::Range;
 
@@ -58,7 +57,8 @@ use crate::KernelId;
 use crate::bytes::SharedBytes;
 use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
-use tile::{TileConfig, TileError, TileUnit};
+use crate::tile::{TileConfig, TileError, TileUnit};
+use block::Block;
 
 /// Rows from which the AMX kernel runs on an AMX host (one full tile of rows); VNNI runs fewer. Not
 /// measured: no AMX host has been available to this project.
@@ -470,47 +470,6 @@ impl W4A8Weights {
     }
 }
 
-/// One 16-channel block's work, as every kernel variant sees it.
-pub(crate) struct Block<'a> {
-    /// The block's packed codes, `[k_padded/8][64]`.
-    pub w: &'a [u8],
-    /// Activations `[m][kp]`.
-    pub x: &'a [i8],
-    pub kp: usize,
-    pub m: usize,
-    /// `[m][groups]`.
-    pub a_scales: &'a [f32],
-    /// `[m][groups]`.
-    pub sums: &'a [i32],
-    pub groups: usize,
-    /// Per group: padded K range.
-    pub spans: &'a [Range<usize>],
-    /// This block's scales, `[G][16]`.
-    pub w_scales: &'a [f32],
-    /// This block's zero points, `[G][16]`; `None`: all 8.
-    pub zeros: Option<&'a [u8]>,
-    /// This block's float offsets, `[G][16]`; `None`: all 0.
-    pub offsets: Option<&'a [f32]>,
-}
-
-impl Block<'_> {
-    /// The epilogue of one row and group, shared by every variant: `out = fma(acc − z·Σx, a_s·w_s, out)`,
-    /// then, with offsets, `out = fma(Σx, a_s·f, out)`.
-    #[inline]
-    pub fn finish(&self, r: usize, g: usize, acc: &[i32; 16], out: &mut [f32]) {
-        let sum = self.sums[r * self.groups + g];
-        let a_s = self.a_scales[r * self.groups + g];
-        for c in 0..16 {
-            let z = self.zeros.map_or(8, |z| i32::from(z[g * 16 + c]));
-            let v = acc[c].wrapping_sub(z.wrapping_mul(sum));
-            out[c] = (v as f32).mul_add(a_s * self.w_scales[g * 16 + c], out[c]);
-            if let Some(f) = self.offsets {
-                out[c] = (sum as f32).mul_add(a_s * f[g * 16 + c], out[c]);
-            }
-        }
-    }
-}
-
 /// The portable kernel for one block: `out` is `[m][16]`, holding the bias (or zeros) on entry.
 fn block_portable(b: &Block, out: &mut [f32]) {
     for r in 0..b.m {
@@ -695,7 +654,9 @@ pub fn gemm(
             Ok(())
         }),
         #[cfg(target_arch = "x86_64")]
-        W4A8Kernel::Amx(tok) if a.m >= AMX_MIN_ROWS => gemm_tiles(&|| amx::AmxTiles::new(tok), a, w, bias, out),
+        W4A8Kernel::Amx(tok) if a.m >= AMX_MIN_ROWS => {
+            gemm_tiles(&|| crate::x86_64::amx::AmxTiles::new(tok), a, w, bias, out)
+        }
         #[cfg(target_arch = "x86_64")]
         W4A8Kernel::Amx(tok) => gemm(W4A8Kernel::Vnni(tok.vnni()), a, w, bias, out),
         #[cfg(not(target_arch = "x86_64"))]

@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use crate::isa::{Avx2Fma, Avx512Vnni};
-use crate::w4a8::Block;
+use crate::w4a8::block::Block;
 
 /// Whether the block's scale, zero and offset tables hold 16 values per span (group).
 fn params_cover(b: &Block) -> bool {

@@ -1,7 +1,7 @@
 //! The hardware tile unit: Intel AMX through `asm!` (the AMX intrinsics are not stable Rust).
 //!
 //! [`AmxTiles`] implements [`TileUnit`] with the real instructions. It can only be built from an
-//! [`AmxInt8`] token, whose constructor checks the live CPU (see [`amx_int8_usable`]), and it checks every
+//! [`AmxInt8`] token, whose constructor checks the live CPU (see [`crate::x86_64::amx_probe`]), and it checks every
 //! instruction's operands against the loaded configuration first ([`TileShapes`], the emulator's own
 //! checks), so an instruction it executes can neither fault for want of a configuration nor touch memory
 //! outside the slices it was given.
@@ -16,75 +16,8 @@
 
 use std::marker::PhantomData;
 
-use super::tile::{TileConfig, TileError, TileShapes, TileUnit};
 use crate::isa::{AmxBf16, AmxInt8};
-
-/// Whether AMX-INT8 can execute in this process, checked once on the live CPU and cached:
-///
-/// * CPUID.(EAX=7,ECX=0):EDX reports AMX-TILE (bit 24) and AMX-INT8 (bit 25);
-/// * CPUID.1:ECX.OSXSAVE, and only then XCR0, shows the OS enabled XTILECFG and XTILEDATA (bits 17, 18);
-/// * CPUID leaf 0x1D palette 1 offers 8 tiles of 16 rows × 64 bytes, and leaf 0x1E a TMUL of K ≥ 16 rows
-///   and N ≥ 64 bytes;
-/// * Linux granted `ARCH_REQ_XCOMP_PERM` for XTILEDATA (requested here, once per process).
-pub fn amx_int8_usable() -> bool {
-    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *USABLE.get_or_init(|| probe(25))
-}
-
-/// As [`amx_int8_usable`], for AMX-BF16 (CPUID.(EAX=7,ECX=0):EDX bit 22) instead of AMX-INT8.
-pub fn amx_bf16_usable() -> bool {
-    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *USABLE.get_or_init(|| probe(22))
-}
-
-/// The checks of [`amx_int8_usable`], with the dot-product feature at `dot_bit` of CPUID leaf 7's EDX.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn probe(dot_bit: u32) -> bool {
-    use std::arch::x86_64::__cpuid_count;
-    let max_leaf = __cpuid_count(0, 0).eax;
-    if max_leaf < 0x1E {
-        return false;
-    }
-    let leaf7 = __cpuid_count(7, 0);
-    let (tile, dot) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> dot_bit & 1 == 1);
-    let osxsave = __cpuid_count(1, 0).ecx >> 27 & 1 == 1;
-    if !(tile && dot && osxsave) {
-        return false;
-    }
-    // SAFETY: CPUID.1:ECX.OSXSAVE is set (checked just above on the live CPU), the condition under which
-    // XGETBV is a valid instruction; reading XCR0 has no side effects.
-    let xcr0 = unsafe { read_xcr0() };
-    if xcr0 & (0b11 << 17) != 0b11 << 17 {
-        return false;
-    }
-    let palette1 = __cpuid_count(0x1D, 1);
-    let (names, bytes_per_row, max_rows) = (palette1.ebx >> 16, palette1.ebx & 0xFFFF, palette1.ecx & 0xFFFF);
-    let tmul = __cpuid_count(0x1E, 0);
-    let (tmul_k, tmul_n) = (tmul.ebx & 0xFF, (tmul.ebx >> 8) & 0xFFFF);
-    if names < 8 || bytes_per_row < 64 || max_rows < 16 || tmul_k < 16 || tmul_n < 64 {
-        return false;
-    }
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_ulong = 18;
-    // SAFETY: ARCH_REQ_XCOMP_PERM takes the feature number by value and touches no user memory; refusal is
-    // an error return (for example when a signal stack is too small for the tile state), never a signal.
-    let rc = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
-    rc == 0
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn probe(_dot_bit: u32) -> bool {
-    false
-}
-
-/// # Safety
-/// CPUID.1:ECX.OSXSAVE must be set on the running CPU.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-#[target_feature(enable = "xsave")]
-unsafe fn read_xcr0() -> u64 {
-    // SAFETY: the caller guarantees OSXSAVE, so XGETBV is defined and XCR0 (index 0) exists.
-    unsafe { std::arch::x86_64::_xgetbv(0) }
-}
+use crate::tile::{TileConfig, TileError, TileShapes, TileUnit};
 
 /// The hardware tile unit of the calling thread.
 #[derive(Debug)]
