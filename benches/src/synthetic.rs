@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::{ModelShape, SMOLLM2_135M, SPARK_SHAPED};
+use crate::model_shapes::{ModelShape, SMOLLM2_135M, SPARK_SHAPED};
 
 /// The synthetic shape called `name` (`spark-shaped`, `smollm2-shaped`).
 pub fn shape_named(name: &str) -> Option<ModelShape> {

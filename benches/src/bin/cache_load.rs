@@ -11,8 +11,8 @@
 use std::time::Instant;
 
 use int4_benches::{ModelShape, SMOLLM2_135M, SPARK_SHAPED, rss_anon_and_file};
-use int4_cache::config::normalize;
 use int4_cache::key::{ArtifactKey, SourceFile, SourceIdentity};
+use int4_cache::quant_config::normalize;
 use int4_cache::store::{ArtifactStore, Lookup};
 use int4_layout::GroupSize;
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};

@@ -11,7 +11,7 @@
 //! * teacher-forced over prompt + reference continuation (every position after the prompt): top-1
 //!   agreement with the reference and the mean KL(reference ‖ path) in nats. These positions are the
 //!   reference's own greedy text, where it is confident, so agreement reads higher than on natural text.
-//!   Scored by `int4::eval` (the scoring `int4 eval` uses on natural text).
+//!   Scored by `int4_quant::eval` (the scoring `int4 eval` uses on natural text).
 //!
 //! `fidelity [--model DIR] [--ref DIR] [--json FILE] [--quick]` (`--quick`: 4 prompts, 16 tokens).
 //!
@@ -20,12 +20,9 @@
 //! then run on its f32 path (its stored 4-bit weights decoded exactly: the quantization's own error) and on
 //! the W4A16 and W4A8 paths (as stored, plus each kernel's rounding).
 
-use int4::engine::{Engine, LoadOptions, RunPath};
-use int4::eval::{Tally, score_position};
-use int4::linear::HeadBits;
-use int4::sampling::{argmax, top2_gap};
-use int4::text::Message;
+use int4::{Engine, HeadBits, LoadOptions, Message, RunPath, argmax, top2_gap};
 use int4_layout::GroupSize;
+use int4_quant::eval::{Tally, score_position};
 use serde_json::json;
 
 const PLAIN: [&str; 9] = [

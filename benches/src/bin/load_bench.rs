@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use int4::cache::ArtifactStore;
-use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
+use int4::{Engine, LoadOptions, PackedFrom, RunPath};
 use int4_benches::{PeakRssAnon, rss_anon_and_file};
 
 const MODES: [&str; 3] = ["cold", "warm", "uncached"];
@@ -24,7 +24,7 @@ const MODES: [&str; 3] = ["cold", "warm", "uncached"];
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let model = arg("--model").map(PathBuf::from).or_else(int4::convert::default_model_dir).expect("a model dir");
+    let model = arg("--model").map(PathBuf::from).or_else(int4::cache::dirs::default_model_dir).expect("a model dir");
     if !model.join("config.json").exists() {
         eprintln!("load-bench: no model at {} (run `cargo xtask fetch-model`)", model.display());
         std::process::exit(1);

@@ -22,7 +22,7 @@ fn main() {
         eprintln!("make-model: give --out DIR");
         std::process::exit(2);
     };
-    let donor = arg("--tokenizer-from").map(PathBuf::from).or_else(int4::convert::default_model_dir);
+    let donor = arg("--tokenizer-from").map(PathBuf::from).or_else(int4::cache::dirs::default_model_dir);
     if let Err(e) = write_model(&model, &out, donor.as_deref()) {
         eprintln!("make-model: {e}");
         std::process::exit(1);

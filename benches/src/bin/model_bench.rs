@@ -27,10 +27,7 @@
 
 use std::time::{Duration, Instant};
 
-use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
-use int4::linear::HeadBits;
-use int4::model::KvCache;
-use int4::sampling::argmax;
+use int4::{Engine, HeadBits, KvCache, LoadOptions, PackedFrom, RunPath, argmax};
 use int4_benches::{PeakRssAnon, rss_anon_and_file};
 use serde_json::json;
 

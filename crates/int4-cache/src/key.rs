@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::NormalizedConfig;
 use crate::error::CacheError;
+use crate::quant_config::NormalizedConfig;
 
 /// Version of the key encoding itself. 2: load options ([`ArtifactKey::options`]).
 pub const KEY_FORMAT_VERSION: u32 = 2;

@@ -179,27 +179,17 @@ impl ArtifactStore {
         ArtifactStore { dir: dir.into(), cap: None }
     }
 
-    /// The user's store: [`ArtifactStore::default_dir`], capped at `INT4_CACHE_MAX_BYTES` if set.
-    pub fn from_env() -> Self {
+    /// The user's store: the cache root ([`crate::dirs::cache_root`]), capped at `INT4_CACHE_MAX_BYTES` if
+    /// set; `None` when no environment variable names a cache root.
+    pub fn from_env() -> Option<Self> {
         let cap = std::env::var("INT4_CACHE_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok());
-        ArtifactStore { dir: Self::default_dir(), cap }
+        Some(ArtifactStore { dir: crate::dirs::cache_root()?, cap })
     }
 
     /// The same store, evicting down to `cap` bytes after every write.
     pub fn with_cap(mut self, cap: u64) -> Self {
         self.cap = Some(cap);
         self
-    }
-
-    /// `INT4_CACHE_DIR`, else `$XDG_CACHE_HOME/int4`, else `$HOME/.cache/int4`.
-    pub fn default_dir() -> PathBuf {
-        if let Some(d) = std::env::var_os("INT4_CACHE_DIR").filter(|d| !d.is_empty()) {
-            return PathBuf::from(d);
-        }
-        if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-            return PathBuf::from(d).join("int4");
-        }
-        std::env::var_os("HOME").map_or_else(|| PathBuf::from(".int4-cache"), |h| PathBuf::from(h).join(".cache/int4"))
     }
 
     /// The directory.

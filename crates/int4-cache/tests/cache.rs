@@ -1,8 +1,8 @@
 //! Keys and the store: normalisation, key sensitivity, atomic writes, checked loads and every fault the
 //! store promises to survive.
 
-use int4_cache::config::normalize;
 use int4_cache::key::{ArtifactKey, SourceFile, SourceIdentity};
+use int4_cache::quant_config::normalize;
 use int4_cache::store::{ArtifactStore, Lookup};
 use int4_cache::{Artifact, CacheErrorKind};
 use int4_select::policy::{CheckpointKind, Overrides, Priority, plan};

@@ -5,8 +5,8 @@
 //! The test runs its own binary a second time as the writer: with `INT4_KILLED_WRITER_DIR` set it writes
 //! artifacts back to back until the parent kills it, at a different moment in each round.
 
-use int4_cache::config::normalize;
 use int4_cache::key::{ArtifactKey, SourceFile, SourceIdentity};
+use int4_cache::quant_config::normalize;
 use int4_cache::store::{ArtifactStore, Lookup};
 use int4_select::policy::{CheckpointKind, Overrides, Priority, plan};
 use serde_json::json;

@@ -10,17 +10,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use int4::engine::{Engine, LoadOptions, Next, PackProgress, PackedFrom, RunPath};
-use int4::gptq::GptqOptions;
 use int4::kernels::w4a8::ActivationScales;
 use int4::layout::GroupSize;
 use int4::layout::grid::ScaleSearch;
-use int4::linear::HeadBits;
-use int4::quantize::{ExportFormat, Method, QuantizeOptions, QuantizeReport, quantize_checkpoint};
-use int4::sampling::SamplingConfig;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
-use int4::text::Message;
+use int4::{Engine, HeadBits, LoadOptions, Message, Next, PackProgress, PackedFrom, RunPath, SamplingConfig};
+use int4_quant::export::{ExportFormat, Method, QuantizeOptions, QuantizeReport, quantize_checkpoint};
+use int4_quant::gptq_method::GptqOptions;
 
 #[derive(Parser)]
 #[command(name = "int4", version, about = "4-bit-weight LLM inference on x86 CPUs")]
@@ -64,14 +61,14 @@ struct EvalArgs {
     /// The model directory to evaluate.
     model_dir: PathBuf,
     /// The evaluated path: auto, w4a16, wna16, w4a8, bf16 or f32.
-    #[arg(long, default_value = "auto", value_parser = int4::eval::parse_path)]
+    #[arg(long, default_value = "auto", value_parser = int4_quant::eval::parse_path)]
     path: RunPath,
     /// Input channels per scale and zero when quantizing at load: 32, 64, 128 or 256 (a quantized
     /// checkpoint keeps its own).
     #[arg(long, alias = "group-size", default_value_t = 128)]
     group: i64,
     /// The reference path: bf16 or f32.
-    #[arg(long = "ref", value_parser = int4::eval::parse_reference)]
+    #[arg(long = "ref", value_parser = int4_quant::eval::parse_reference)]
     reference: RunPath,
     /// The reference's model directory (default: MODEL_DIR), e.g. the original of a quantized export.
     #[arg(long)]
@@ -607,9 +604,9 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Cheap checks first, so a bad flag does not wait for two model loads.
-    int4::eval::check_ctx(a.ctx)?;
+    int4_quant::eval::check_ctx(a.ctx)?;
     let group = GroupSize::from_checkpoint(a.group).map_err(|e| format!("--group {}: {e}", a.group))?;
-    let docs = int4::eval::read_text(a.text.as_deref())?;
+    let docs = int4_quant::eval::read_text(a.text.as_deref())?;
     start_threads(a.engine.threads)?;
     let prio = priority(&a.engine.priority)?;
     let load = |dir: &std::path::Path, path: RunPath| -> Result<Engine, Box<dyn std::error::Error>> {
@@ -631,7 +628,7 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         indicatif::ProgressStyle::with_template("[int4] eval windows {bar:30} {pos}/{len} {elapsed}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let result = int4::eval::evaluate_from(&evaluated, &reference, &docs, a.ctx, a.score_from, |done, total| {
+    let result = int4_quant::eval::evaluate_from(&evaluated, &reference, &docs, a.ctx, a.score_from, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });
@@ -679,7 +676,7 @@ fn quantize(a: QuantizeArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let progress = |p: int4::quantize::Progress<'_>| {
+    let progress = |p: int4_quant::export::Progress<'_>| {
         bar.set_length(p.bytes_total);
         bar.set_position(p.bytes_done);
         bar.set_message(p.tensor.to_string());
@@ -716,7 +713,7 @@ fn print_quantize_summary(r: &QuantizeReport) {
         );
     }
     let gptq = r.calibration.is_some();
-    let mut kinds: Vec<(String, Vec<&int4::quantize::TensorReport>)> = Vec::new();
+    let mut kinds: Vec<(String, Vec<&int4_quant::export::TensorReport>)> = Vec::new();
     for t in &r.tensors {
         let kind = t.name.rsplit('.').next().unwrap_or(&t.name).to_string();
         match kinds.iter_mut().find(|(k, _)| *k == kind) {
@@ -734,13 +731,13 @@ fn print_quantize_summary(r: &QuantizeReport) {
     }
     for (kind, ts) in &kinds {
         let (s, e) = ts.iter().fold((0.0, 0.0), |(s, e), t| (s + t.signal, e + t.noise));
-        let snr = int4::quantize::snr_db(s, e);
+        let snr = int4_quant::export::snr_db(s, e);
         let min = ts.iter().filter_map(|t| t.snr_db).min_by(f64::total_cmp);
         let bits: f64 = ts.iter().map(|t| t.bits_per_weight).sum::<f64>() / ts.len() as f64;
         let shape = format!("{}x{}", ts[0].shape[0], ts[0].shape[1]);
         if gptq {
             // Mean over the layers of this kind of each layer's output SNR (dB), GPTQ and RTN on the same H.
-            let mean = |f: fn(&&int4::quantize::TensorReport) -> Option<f64>| {
+            let mean = |f: fn(&&int4_quant::export::TensorReport) -> Option<f64>| {
                 let v: Vec<f64> = ts.iter().filter_map(f).collect();
                 (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
             };
@@ -836,7 +833,10 @@ fn probe(json: bool) -> ExitCode {
 }
 
 fn cache(action: &str, bytes: Option<u64>) -> ExitCode {
-    let store = int4::cache::ArtifactStore::from_env();
+    let Some(store) = int4::cache::ArtifactStore::from_env() else {
+        eprintln!("int4 cache: no cache directory: set INT4_CACHE_DIR, XDG_CACHE_HOME or HOME");
+        return ExitCode::FAILURE;
+    };
     match Some(action) {
         Some("ls") => {
             let entries = store.list();

@@ -1,8 +1,7 @@
 //! The library API: load a model directory on the path the policy picks, and generate.
 //!
 //! ```no_run
-//! use int4::engine::{Engine, LoadOptions};
-//! use int4::sampling::SamplingConfig;
+//! use int4::{Engine, LoadOptions, SamplingConfig};
 //! let engine = Engine::load("path/to/SmolLM2-135M-Instruct".as_ref(), &LoadOptions::default())?;
 //! let ids = engine.text.encode("The capital of Australia is")?;
 //! let out = engine.generate(&ids, 16, SamplingConfig::greedy(), |_| {})?;
@@ -15,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use int4_cache::config::{NormalizedConfig, normalize};
+use int4_cache::quant_config::{NormalizedConfig, normalize};
 use int4_cache::{Artifact, ArtifactKey, ArtifactStore, MappedArtifact, SourceIdentity};
 use int4_kernels::bytes::SharedBytes;
 use int4_kernels::isa::{Feature, IsaLevel};
@@ -97,7 +96,7 @@ impl Default for LoadOptions {
             group_size: GroupSize::G128,
             context: 2048,
             max_kv_bytes: 4 << 30,
-            cache: Some(ArtifactStore::from_env()),
+            cache: ArtifactStore::from_env(),
             progress: None,
             direct_dequant: None,
             activation_scales: ActivationScales::default(),
@@ -386,7 +385,7 @@ fn release_freed_memory() {
 /// Whether `dir` is the converted default model (whose artifact is pinned against eviction).
 fn is_default_model(dir: &Path) -> bool {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
-    crate::convert::default_model_dir().is_some_and(|d| canon(&d).is_some() && canon(&d) == canon(dir))
+    int4_cache::dirs::default_model_dir().is_some_and(|d| canon(&d).is_some() && canon(&d) == canon(dir))
 }
 
 /// Adds the end-of-sequence ids of `generation_config.json`, if the directory has one, to those of

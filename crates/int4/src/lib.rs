@@ -1,40 +1,67 @@
 //! int4: 4-bit-weight LLM inference on x86 CPUs.
 //!
-//! The facade over the workspace's crates, re-exported here so users depend on one crate:
+//! # Brief overview
 //!
-//! * [`layout`] — 4-bit grids and packed layouts (row-major, tinygemm, split halves, GPTQ, AWQ);
-//! * [`kernels`] — the matrix kernels;
-//! * [`select`] — the hardware probe and path policy;
-//! * [`cache`] — config-hash keys and the packed-artifact store.
+//! An [`Engine`] loads a model directory (a Hugging Face checkpoint: unquantized, `cpu_int4`, GPTQ or AWQ)
+//! on a path ([`RunPath`]: the W4A16 or W4A8 kernels, or the exact bf16/f32 ones; by default what the
+//! policy picks for this CPU), packing its weights once into the artifact cache, and generates text with a
+//! callback per token:
 //!
-//! and owns the model runtime:
+//! ```no_run
+//! use int4::{Engine, LoadOptions, SamplingConfig};
 //!
-//! * [`config`] — `config.json` of Llama, Qwen2 and Qwen3 checkpoints (transformers v4 and v5 spellings);
-//! * [`weights`] — memory-mapped safetensors (single file or shards);
-//! * [`linear`] — a linear layer on the kernel the plan chose, reporting which kernel runs each phase;
-//! * [`quantized`] — the linears of `cpu_int4`, GPTQ and AWQ checkpoints as codes and parameters;
-//! * [`model`] — the forward pass and KV cache; [`sampling`] — greedy and seeded sampling;
-//! * [`text`] — tokenizer and chat template; [`engine`] — load a directory and generate;
-//! * [`gguf`] and [`convert`] — reading GGUF files and turning a Llama GGUF into a model directory (how the
-//!   default model is prepared).
+//! let engine = Engine::load("path/to/SmolLM2-135M-Instruct".as_ref(), &LoadOptions::default())?;
+//! let ids = engine.text.encode("The capital of Australia is")?;
+//! let out = engine.generate(&ids, 16, SamplingConfig::greedy(), |_| {})?;
+//! println!("{}", engine.text.decode(&out.tokens)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The runtime's parts, all re-exported here:
+//!
+//! * `config` — [`ModelConfig`] from `config.json` of Llama, Qwen2 and Qwen3 checkpoints (transformers v4
+//!   and v5 spellings);
+//! * `weights` — [`Checkpoint`], memory-mapped safetensors (single file or shards);
+//! * `linear` — a linear layer on the kernel the plan chose, reporting which kernel runs each phase;
+//! * `quantized` — the linears of `cpu_int4`, GPTQ and AWQ checkpoints as codes and parameters
+//!   ([`QuantLinear`]);
+//! * `model` — [`Model`]: the forward pass and [`KvCache`], and [`ForwardObserver`] for tools that need each
+//!   linear's inputs (GPTQ calibration);
+//! * `sampling` — greedy and seeded sampling ([`SamplingConfig`]); `text` — tokenizer and chat template
+//!   ([`TextCodec`]); `engine` — load a directory and generate ([`Engine`]).
+//!
+//! # Other crates
+//!
+//! The crates below the runtime are re-exported whole, so a user depends on this one crate:
+//! [`layout`] (4-bit grids and packed layouts), [`kernels`] (the matrix kernels), [`select`] (the hardware
+//! probe and path policy), [`cache`] (config-hash keys, the packed-artifact store, and where the cache and
+//! the default model live) and [`gguf`] (llama.cpp's GGUF files). Offline tooling — writing 4-bit
+//! checkpoints, the GPTQ method, perplexity and KL evaluation — is the `int4-quant` crate, on top of this
+//! one; the `int4` binary is `int4-cli`.
 #![deny(missing_docs)]
 
-pub mod config;
-pub mod convert;
-pub mod engine;
-pub mod error;
-pub mod eval;
-pub mod gguf;
-pub mod gptq;
-pub mod linear;
-pub mod model;
-pub mod quantize;
-pub mod quantized;
-pub mod sampling;
-pub mod text;
-pub mod weights;
+mod config;
+mod engine;
+mod error;
+mod linear;
+mod model;
+mod quantized;
+mod sampling;
+mod text;
+mod weights;
+
+pub use config::{Architecture, Llama3Rope, ModelConfig};
+pub use engine::{Engine, Generation, LoadOptions, ModelInfo, Next, PackProgress, PackedFrom, RunPath, StopReason};
+pub use error::{Error, Result};
+pub use linear::{HeadBits, INT8_GROUP, Linear, Numerics, SectionSource};
+pub use model::{ForwardObserver, KvCache, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, linear_specs};
+pub use quantized::{IntegerZeros, QuantFormat, QuantLinear, read_linear};
+pub use sampling::{Sampler, SamplingConfig, argmax, top2_gap};
+pub use text::{Message, TextCodec};
+pub use weights::Checkpoint;
 
 pub use int4_cache as cache;
+pub use int4_gguf as gguf;
 pub use int4_kernels as kernels;
 pub use int4_layout as layout;
 pub use int4_select as select;

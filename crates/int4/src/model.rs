@@ -128,7 +128,7 @@ pub enum LayerFlow {
 
 /// Watches the inputs of the linear layers during [`Model::forward_observed`].
 ///
-/// Why: GPTQ (`crate::gptq`) needs, per linear layer, the Hessian `Σ xᵀx` of its inputs over calibration
+/// Why: GPTQ (`int4_quant::gptq_method`) needs, per linear layer, the Hessian `Σ xᵀx` of its inputs over calibration
 /// text, and it runs sequentially (layer `l` is quantized before layer `l + 1`'s inputs are seen). The hook
 /// lets it see every linear input, replace the residual stream at a layer's start (to resume from states
 /// it kept), skip the layers before and stop after the one it is working on, so each step costs one

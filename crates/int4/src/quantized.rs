@@ -14,7 +14,7 @@
 //! | `gptq` | `<p>.qweight` i32 `[K/8][N]`, `<p>.qzeros` i32 `[G][N/8]` (v1: zero − 1), `<p>.scales` `[G][N]`, `<p>.g_idx` i32 `[K]` (optional) |
 //! | `awq` | `<p>.qweight` i32 `[K][N/8]` and `<p>.qzeros` i32 `[G][N/8]`, AWQ's nibble order, `<p>.scales` `[G][N]` |
 
-use int4_cache::config::NormalizedConfig;
+use int4_cache::quant_config::NormalizedConfig;
 use int4_layout::convert::params_from_integer_zeros;
 use int4_layout::gptq::{self, ZeroFormat};
 use int4_layout::{Codes, GroupParams, GroupSize, rowmajor};

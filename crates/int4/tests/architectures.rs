@@ -13,10 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use int4::config::{Architecture, ModelConfig};
-use int4::linear::Numerics;
-use int4::model::Model;
-use int4::weights::Checkpoint;
+use int4::{Architecture, Checkpoint, Model, ModelConfig, Numerics};
 use serde_json::{Value, json};
 
 fn fixture_dir(name: &str) -> PathBuf {

@@ -3,14 +3,12 @@
 //! the checkpoint's contents and the quantization; a damaged artifact is rebuilt and an unusable cache
 //! runs uncached, each with a warning; `cache: None` writes nothing.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{tiny_model, tiny_model_with};
 use int4::cache::ArtifactStore;
-use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
-use int4_layout::GroupSize;
+use int4::layout::GroupSize;
+use int4::{Engine, LoadOptions, PackedFrom, RunPath};
+use int4_test_support::{tiny_model, tiny_model_with};
 
 const PROMPT: [u32; 12] = [1, 17, 33, 5, 90, 44, 12, 61, 7, 3, 80, 29];
 
@@ -146,7 +144,7 @@ fn unquantized_paths_pack_nothing() {
 /// head moves the logits less than the 4-bit one.
 #[test]
 fn an_eight_bit_head_has_its_own_artifact_and_is_closer_to_f32() {
-    use int4::linear::HeadBits;
+    use int4::HeadBits;
     let model = tiny_model("cache-head8");
     let dir = store_dir("head8");
     let load_head = |head_bits, cache: Option<&Path>| {

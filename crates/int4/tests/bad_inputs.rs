@@ -2,13 +2,10 @@
 //! give an error (or, where noted, a warning) containing the words the table quotes — never a panic and
 //! never a silently wrong answer. Keep the two in step.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{CONFIG, tiny_model, tiny_model_with};
-use int4::engine::{Engine, LoadOptions, RunPath};
-use int4::sampling::SamplingConfig;
+use int4::{Engine, LoadOptions, RunPath, SamplingConfig};
+use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
 
 fn opts(path: RunPath) -> LoadOptions {
     LoadOptions { path, context: 16, cache: None, ..LoadOptions::default() }
@@ -185,7 +182,7 @@ fn every_bad_input_in_the_table_gives_its_error() {
 /// padding (the W4A16 kernels may round activations to bf16, the fallback does not).
 #[test]
 fn a_vocabulary_not_a_multiple_of_16_is_padded_and_dropped() {
-    use int4::weights::Checkpoint;
+    use int4::Checkpoint;
     use safetensors::tensor::{Dtype, TensorView};
     let src = tiny_model("bad-vocab-src");
     let ckpt = Checkpoint::open(&src).unwrap();

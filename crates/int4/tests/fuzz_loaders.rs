@@ -6,21 +6,17 @@
 //! `INT4_FUZZ_CASES` sets the cases per target (default 48; CI runs the default). Each target prints how
 //! many loads it ran.
 
-mod common;
-#[path = "common/mutate.rs"]
-mod mutate;
-
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
-use common::tiny_model;
+use int4::Checkpoint;
 use int4::cache::ArtifactStore;
-use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
-use int4::weights::Checkpoint;
-use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_symmetric};
-use int4_layout::{GroupSize, gptq, rowmajor};
-use mutate::{Edit, apply, cases, edits, run};
+use int4::layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_symmetric};
+use int4::layout::{GroupSize, gptq, rowmajor};
+use int4::{Engine, LoadOptions, PackedFrom, RunPath};
+use int4_test_support::fuzz::{Edit, apply, cases, edits, run};
+use int4_test_support::tiny_model;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use safetensors::tensor::{Dtype, TensorView};

@@ -1,11 +1,8 @@
 //! Long runs and shared use: sessions past 4096 tokens without growth in anonymous memory, and several
 //! threads generating at once from one loaded model with the results of running alone.
 
-mod common;
-
-use common::tiny_model;
-use int4::engine::{Engine, LoadOptions, RunPath, StopReason};
-use int4::sampling::{SamplingConfig, argmax};
+use int4::{Engine, LoadOptions, RunPath, SamplingConfig, StopReason, argmax};
+use int4_test_support::tiny_model;
 
 fn rss_anon() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -54,7 +51,7 @@ fn sessions_past_4096_tokens_do_not_grow_memory() {
 /// session).
 #[test]
 fn threads_sharing_one_model_get_the_results_of_running_alone() {
-    let dir = tiny_model("threads");
+    let dir = tiny_model("threads-long");
     let e =
         Engine::load(&dir, &LoadOptions { path: RunPath::W4a16, context: 64, cache: None, ..LoadOptions::default() })
             .unwrap();

@@ -8,12 +8,12 @@
 use int4::gguf::{GgmlType, GgufFile};
 use int4::kernels::w4a8::W4A8Weights;
 use int4::kernels::w4a8::int8::Int8Weights;
-use int4_layout::tinygemm::{self, TinygemmBlock, TinygemmMatrix};
-use int4_layout::{Codes, GroupParams, GroupSize};
+use int4::layout::tinygemm::{self, TinygemmBlock, TinygemmMatrix};
+use int4::layout::{Codes, GroupParams, GroupSize};
 
 /// The shipped GGUF, or `None` (a skip that CI refuses) when the default model is not fetched.
 fn shipped_gguf() -> Option<GgufFile> {
-    let Some(dir) = int4::convert::default_model_dir().filter(|d| d.join("source.gguf").exists()) else {
+    let Some(dir) = int4::cache::dirs::default_model_dir().filter(|d| d.join("source.gguf").exists()) else {
         let msg = "default model not found: run `cargo xtask fetch-model`";
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
         eprintln!("SKIPPED: {msg}");

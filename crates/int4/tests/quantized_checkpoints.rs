@@ -6,18 +6,16 @@
 //! tensor read, unpacked, un-permuted and dequantized right); the 4-bit paths must compute the same model
 //! within their error budget (the codes packed as they are, act-order applied to the activations).
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::{CONFIG, tiny_model};
+use int4::Checkpoint;
 use int4::cache::ArtifactStore;
-use int4::engine::{Engine, LoadOptions, PackedFrom, RunPath};
-use int4::weights::Checkpoint;
-use int4_layout::gptq::{self, ZeroFormat};
-use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_integer_zero, quantize_symmetric};
-use int4_layout::{GroupSize, rowmajor};
+use int4::layout::gptq::{self, ZeroFormat};
+use int4::layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_integer_zero, quantize_symmetric};
+use int4::layout::{GroupSize, rowmajor};
+use int4::{Engine, LoadOptions, PackedFrom, RunPath};
+use int4_test_support::{CONFIG, tiny_model};
 use safetensors::tensor::{Dtype, TensorView};
 
 const PROMPT: [u32; 12] = [1, 17, 33, 5, 90, 44, 12, 61, 7, 3, 80, 29];
@@ -82,7 +80,7 @@ fn quantize_linear(
             let wp: Vec<f32> = (0..n * k).map(|i| w[(i / k) * k + perm[i % k]]).collect();
             let q = quantize_symmetric(&wp, n, k, G, ScaleSearch::Off, ParamPrecision::F16).unwrap();
             let codes =
-                int4_layout::Codes::from_fn(n, k, |r, c| q.codes.get(r, perm.iter().position(|&p| p == c).unwrap()))
+                int4::layout::Codes::from_fn(n, k, |r, c| q.codes.get(r, perm.iter().position(|&p| p == c).unwrap()))
                     .unwrap();
             for r in 0..n {
                 for (i, &c) in perm.iter().enumerate() {
@@ -362,7 +360,7 @@ fn quantize_config_json_is_read_when_config_json_has_none() {
 /// twice the bytes, and the logits come closer to the f32 path on the dequantized checkpoint.
 #[test]
 fn a_tied_head_can_be_held_in_eight_bits_on_w4a8() {
-    use int4::linear::HeadBits;
+    use int4::HeadBits;
     let (quant, plain) = checkpoints("w4a8-tied-h8", Format::GptqSymV1, true);
     let want = logits(&engine(&plain, RunPath::F32, None));
     let four = engine(&quant, RunPath::W4a8, None);

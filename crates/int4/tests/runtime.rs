@@ -2,20 +2,14 @@
 //! reference within its error, incremental decoding equals a full forward, results do not depend on the
 //! thread count, and bad inputs are clear errors.
 
-mod common;
-
 use std::path::Path;
 
-use common::{CONFIG, tiny_model, tiny_model_with};
-use int4::config::ModelConfig;
-use int4::linear::Numerics;
-use int4::model::Model;
-use int4::sampling::argmax;
-use int4::weights::Checkpoint;
-use int4_kernels::isa::{IsaCaps, IsaLevel};
-use int4_kernels::w4a16::W4A16Config;
-use int4_layout::GroupSize;
-use int4_layout::tinygemm::TinygemmBlock;
+use int4::kernels::isa::{IsaCaps, IsaLevel};
+use int4::kernels::w4a16::W4A16Config;
+use int4::layout::GroupSize;
+use int4::layout::tinygemm::TinygemmBlock;
+use int4::{Checkpoint, Model, ModelConfig, Numerics, argmax};
+use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
 
 fn load(dir: &Path, numerics: Numerics) -> Model {
     let cfg = ModelConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
@@ -33,7 +27,7 @@ fn w4a16(level: IsaLevel, threshold: usize) -> Numerics {
 
 fn levels() -> Vec<IsaLevel> {
     let mut v = vec![IsaLevel::Portable];
-    if int4_kernels::isa::Avx2Fma::with_caps(IsaCaps::process()).is_some() {
+    if int4::kernels::isa::Avx2Fma::with_caps(IsaCaps::process()).is_some() {
         v.push(IsaLevel::Avx2);
     } else {
         eprintln!("runtime: SKIPPED the AVX2 kernels (not available on this machine or capped)");
@@ -73,13 +67,13 @@ fn dequantized(name: &str, w: Vec<f32>) -> Vec<f32> {
     // Every 2-D weight has K = 64 (the hidden size) except down_proj (K = the intermediate size, 160).
     let k = if name.ends_with("down_proj.weight") { 160 } else { 64 };
     let n = w.len() / k;
-    let q = int4_layout::grid::quantize_asymmetric(
+    let q = int4::layout::grid::quantize_asymmetric(
         &w,
         n,
         k,
         GroupSize::G32,
-        int4_layout::grid::ScaleSearch::Off,
-        int4_layout::grid::ParamPrecision::F32,
+        int4::layout::grid::ScaleSearch::Off,
+        int4::layout::grid::ParamPrecision::F32,
     )
     .unwrap();
     (0..n * k).map(|i| q.params.weight(i / k, i % k, q.codes.get(i / k, i % k))).collect()
@@ -208,8 +202,8 @@ fn config_reads_v4_and_v5_spellings_and_llama3_rope() {
 /// every path, with prompts of different lengths so the batch's rows sit at different positions.
 #[test]
 fn batched_decoding_equals_each_sequence_alone() {
-    use int4::engine::{Engine, LoadOptions, RunPath};
-    use int4::sampling::SamplingConfig;
+    use int4::SamplingConfig;
+    use int4::{Engine, LoadOptions, RunPath};
     let dir = tiny_model("batch");
     let prompts: Vec<Vec<u32>> = vec![PROMPT.to_vec(), vec![5, 6], PROMPT[3..9].to_vec()];
     for path in [RunPath::W4a16, RunPath::Wna16, RunPath::F32] {
@@ -231,8 +225,8 @@ fn batched_decoding_equals_each_sequence_alone() {
 /// stop reason, not an error.
 #[test]
 fn a_callback_stops_generation_and_a_full_context_is_a_stop_reason() {
-    use int4::engine::{Engine, LoadOptions, Next, RunPath, StopReason};
-    use int4::sampling::SamplingConfig;
+    use int4::SamplingConfig;
+    use int4::{Engine, LoadOptions, Next, RunPath, StopReason};
     let dir = tiny_model("stop");
     let e = Engine::load(&dir, &LoadOptions { path: RunPath::F32, context: 16, cache: None, ..LoadOptions::default() })
         .unwrap();
@@ -255,7 +249,7 @@ fn a_callback_stops_generation_and_a_full_context_is_a_stop_reason() {
 /// end-of-sequence ids of `generation_config.json` join those of `config.json`.
 #[test]
 fn sharded_checkpoints_and_generation_config_eos() {
-    use int4::engine::{Engine, LoadOptions, RunPath};
+    use int4::{Engine, LoadOptions, RunPath};
     let single = tiny_model("shards-single");
     let ckpt = Checkpoint::open(&single).unwrap();
     let dir = std::env::temp_dir().join(format!("int4-tiny-{}-sharded", std::process::id()));

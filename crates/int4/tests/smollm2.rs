@@ -4,14 +4,11 @@
 //!
 //! Without the model the tests fail under `CI=true` (CI fetches it first) and report a skip otherwise.
 
-mod common;
-
-use int4::engine::{Engine, LoadOptions, RunPath};
-use int4::sampling::SamplingConfig;
+use int4::{Engine, LoadOptions, RunPath, SamplingConfig};
 use serde_json::Value;
 
 fn model_dir() -> Option<std::path::PathBuf> {
-    common::default_model_or_skip("smollm2")
+    int4_test_support::default_model_or_skip!("smollm2")
 }
 
 fn fixture() -> Value {
@@ -84,7 +81,7 @@ fn f32_path_logits_match_transformers() {
 #[test]
 fn tokenizer_gives_the_reference_prompt_ids() {
     let Some(dir) = model_dir() else { return };
-    let text = int4::text::TextCodec::load(&dir).unwrap();
+    let text = int4::TextCodec::load(&dir).unwrap();
     let fx = fixture();
     let plain = [
         "The capital of Australia is",
@@ -98,7 +95,7 @@ fn tokenizer_gives_the_reference_prompt_ids() {
     }
     // The chat template renders the reference's chat prompt.
     let chat = text
-        .apply_chat_template(&[int4::text::Message {
+        .apply_chat_template(&[int4::Message {
             role: "user".into(),
             content: "What is the capital of France? Answer in one word.".into(),
         }])

@@ -10,9 +10,7 @@
 //!
 //! Without the default model these tests are skipped and the skip recorded (a failure under `CI=true`).
 
-mod common;
-
-use int4::text::TextCodec;
+use int4::TextCodec;
 use serde_json::Value;
 
 fn golden() -> Value {
@@ -30,7 +28,7 @@ fn cases(fx: &Value) -> &Vec<Value> {
 /// The model directory was converted from the GGUF the golden ids were made from.
 #[test]
 fn model_comes_from_the_golden_gguf() {
-    let Some(dir) = common::default_model_or_skip("tokenizer_golden") else { return };
+    let Some(dir) = int4_test_support::default_model_or_skip!("tokenizer_golden") else { return };
     let source: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("int4-source.json")).unwrap()).unwrap();
     assert_eq!(source["gguf_sha256"], golden()["gguf_sha256"], "{}", dir.display());
 }
@@ -38,7 +36,7 @@ fn model_comes_from_the_golden_gguf() {
 /// `encode` (no special tokens added) gives exactly the golden ids for every string.
 #[test]
 fn encode_matches_golden_ids() {
-    let Some(dir) = common::default_model_or_skip("tokenizer_golden") else { return };
+    let Some(dir) = int4_test_support::default_model_or_skip!("tokenizer_golden") else { return };
     let text = TextCodec::load(&dir).unwrap();
     let fx = golden();
     let mut mismatches = Vec::new();
@@ -61,7 +59,7 @@ fn encode_matches_golden_ids() {
 /// `decode` of the golden ids gives the string back, byte for byte (special tokens kept).
 #[test]
 fn decode_round_trips() {
-    let Some(dir) = common::default_model_or_skip("tokenizer_golden") else { return };
+    let Some(dir) = int4_test_support::default_model_or_skip!("tokenizer_golden") else { return };
     let text = TextCodec::load(&dir).unwrap();
     let fx = golden();
     let mut failures = Vec::new();
@@ -79,7 +77,7 @@ fn decode_round_trips() {
 /// (`<|im_start` without its closing, other case, inner spaces) are plain text.
 #[test]
 fn control_tokens_in_text_are_single_ids() {
-    let Some(dir) = common::default_model_or_skip("tokenizer_golden") else { return };
+    let Some(dir) = int4_test_support::default_model_or_skip!("tokenizer_golden") else { return };
     let text = TextCodec::load(&dir).unwrap();
     let fx = golden();
     assert_eq!(fx["specials_parsed_as_specials"], true);

@@ -54,10 +54,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::engine::{Engine, RunPath};
-use crate::linear::{HeadBits, Numerics};
-use crate::model::Model;
-use crate::sampling::argmax;
+use int4::{Engine, HeadBits, Model, Numerics, RunPath, argmax};
 
 /// The `schema` field of an [`EvalReport`].
 pub const SCHEMA: &str = "int4-eval/1";
@@ -152,7 +149,7 @@ pub enum EvalError {
         position: usize,
     },
     /// Loading or running a model failed.
-    Model(crate::error::Error),
+    Model(int4::Error),
 }
 
 impl fmt::Display for EvalError {
@@ -222,8 +219,8 @@ impl std::error::Error for EvalError {
     }
 }
 
-impl From<crate::error::Error> for EvalError {
-    fn from(e: crate::error::Error) -> Self {
+impl From<int4::Error> for EvalError {
+    fn from(e: int4::Error) -> Self {
         EvalError::Model(e)
     }
 }
@@ -251,7 +248,7 @@ pub fn parse_reference(name: &str) -> Result<RunPath, EvalError> {
 
 /// What ran, in words: `f32`, `bf16`, `w4a16 g32`, `wna16 g128`, `w4a8 g32 (per-group activation scales)`.
 pub fn numerics_label(n: Numerics) -> String {
-    let g = |g: crate::layout::GroupSize| match g.to_checkpoint() {
+    let g = |g: int4::layout::GroupSize| match g.to_checkpoint() {
         -1 => "per-channel".to_string(),
         v => format!("g{v}"),
     };

@@ -33,7 +33,7 @@
 //!
 //! **No act-order.** Columns go in their natural order (`desc_act: false`, which the writers emit).
 //!
-//! **Calibration** ([`calibrate`]) is sequential: decoder layer `l` is quantized before the inputs of
+//! **Calibration** (`calibrate`) is sequential: decoder layer `l` is quantized before the inputs of
 //! layer `l + 1` are collected, through the already quantized layers, as in the paper. The model runs on
 //! its f32 path through [`Model::forward_observed`], which keeps each sequence's residual stream between
 //! layers, so each step runs one decoder layer (twice: once to collect the Hessians from the unquantized
@@ -51,11 +51,7 @@ use int4_layout::{GroupSize, LayoutError, dequantize};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::config::ModelConfig;
-use crate::linear::Numerics;
-use crate::model::{ForwardObserver, LayerFlow, LinearSlot, Model, linear_specs};
-use crate::text::TextCodec;
-use crate::weights::Checkpoint;
+use int4::{Checkpoint, ForwardObserver, LayerFlow, LinearSlot, Model, ModelConfig, Numerics, TextCodec, linear_specs};
 
 /// Columns per block of the solver.
 pub const BLOCK: usize = 128;
@@ -100,6 +96,13 @@ pub enum GptqError {
     },
     /// The calibration forward pass failed.
     Model(String),
+    /// A target layer's weights could not be read from the checkpoint.
+    Tensor {
+        /// The tensor.
+        tensor: String,
+        /// The problem.
+        message: String,
+    },
     /// A grid refused a group.
     Layout {
         /// The layer.
@@ -131,6 +134,7 @@ impl std::fmt::Display for GptqError {
                 write!(f, "{layer}: the dampened Hessian is not positive definite (damp {damp}); try a larger --damp")
             }
             GptqError::Model(m) => write!(f, "calibration forward pass: {m}"),
+            GptqError::Tensor { tensor, message } => write!(f, "{tensor}: {message}"),
             GptqError::Layout { layer, source } => write!(f, "{layer}: {source}"),
         }
     }
@@ -868,10 +872,9 @@ pub(crate) fn calibrate(
     grid: GridSpec,
     opts: &GptqOptions,
     progress: Option<&dyn Fn(usize, usize)>,
-) -> Result<(HashMap<String, Solved>, CalibrationReport), crate::quantize::QuantizeError> {
-    use crate::quantize::QuantizeError;
+) -> Result<(HashMap<String, Solved>, CalibrationReport), GptqError> {
     let started = Instant::now();
-    let model_err = |e: crate::error::Error| QuantizeError::Gptq(GptqError::Model(e.to_string()));
+    let model_err = |e: int4::Error| GptqError::Model(e.to_string());
     let mut model = Model::load(cfg.clone(), ckpt, Numerics::F32, None, None).map_err(model_err)?;
     let specs = linear_specs(cfg, ckpt);
     let mut cache = model.kv_cache(opts.seq_len, usize::MAX).map_err(model_err)?;
@@ -916,7 +919,7 @@ pub(crate) fn calibrate(
                 for t in targets.iter().filter(|t| t.group == *group) {
                     let w = ckpt
                         .f32(&t.source, &[t.n, t.k])
-                        .map_err(|e| QuantizeError::Tensor { tensor: e.context, message: e.message })?;
+                        .map_err(|e| GptqError::Tensor { tensor: e.context, message: e.message })?;
                     let layout = |e: LayoutError| GptqError::Layout { layer: t.prefix.clone(), source: e };
                     let quant = solve(&w, t.n, t.k, prep, grid, &t.prefix)?;
                     let base = rtn(&w, t.n, t.k, grid).map_err(layout)?;

@@ -1,17 +1,15 @@
-//! `int4::eval` end to end on the tiny random checkpoint the runtime tests share: the f32 path against an
+//! `int4_quant::eval` end to end on the tiny random checkpoint the runtime tests share: the f32 path against an
 //! f32 reference is identical (KL exactly 0, top-1 agreement 100%, the same perplexity, which matches a
 //! straightforward recomputation), a 4-bit path is not (KL > 0), the report has the documented schema,
 //! and each bad input gives its documented error.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::{Rng, tiny_model};
-use int4::engine::{Engine, LoadOptions, RunPath};
-use int4::eval::{EvalError, EvalReport, evaluate, evaluate_from, read_text};
 use int4::layout::GroupSize;
+use int4::{Engine, LoadOptions, RunPath};
+use int4_quant::eval::{EvalError, EvalReport, evaluate, evaluate_from, read_text};
+use int4_test_support::{Rng, tiny_model};
 use safetensors::tensor::{Dtype, TensorView};
 
 fn load(dir: &Path, path: RunPath, group: GroupSize) -> Engine {
@@ -142,7 +140,7 @@ fn bad_text_gives_its_error() {
     let e = read_text(Some(&missing)).unwrap_err();
     assert!(matches!(e, EvalError::TextNotFound { default: false, .. }), "{e}");
     assert!(e.to_string().contains("--text"), "{e}");
-    if !Path::new(int4::eval::DEFAULT_TEXT_DIR).exists() {
+    if !Path::new(int4_quant::eval::DEFAULT_TEXT_DIR).exists() {
         let e = read_text(None).unwrap_err();
         assert!(matches!(e, EvalError::TextNotFound { default: true, .. }), "{e}");
         assert!(e.to_string().contains("--text FILE|DIR"), "{e}");

@@ -15,8 +15,6 @@
 //! The conversion is strict: an unknown tensor name, a missing tensor, a shape that disagrees with the
 //! hyperparameters, a tokenizer other than GPT-2 BPE, or rope scaling is an error ([`ConvertError`]) rather
 //! than a silently wrong model. Each output file is written beside its final name and renamed into place.
-//!
-//! [`default_model_dir`] is where `cargo xtask fetch-model` puts the default model, and where tests look.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -27,32 +25,11 @@ use serde::Serialize;
 use serde::ser::SerializeMap;
 use serde_json::{Value, json};
 
-use crate::gguf::{GgmlType, GgufError, GgufFile, GgufValue};
+use crate::file::{GgmlType, GgufError, GgufFile, GgufValue};
 
 /// The version of this converter's output; `cargo xtask fetch-model` re-converts a directory written by
 /// another version.
 pub const CONVERTER_VERSION: u32 = 2;
-
-/// The directory name of the default model under `<cache>/models/`.
-pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
-
-/// The cache root: `$INT4_CACHE_DIR` if set and non-empty, else `$XDG_CACHE_HOME/int4`, else
-/// `$HOME/.cache/int4`; `None` when none of those is set.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    var("INT4_CACHE_DIR")
-        .or_else(|| var("XDG_CACHE_HOME").map(|p| p.join("int4")))
-        .or_else(|| var("HOME").map(|p| p.join(".cache").join("int4")))
-}
-
-/// The default model's directory: `$INT4_MODEL_DIR` if set and non-empty, else
-/// `models/SmolLM2-135M-Instruct` under [`default_cache_dir`].
-pub fn default_model_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("INT4_MODEL_DIR").filter(|v| !v.is_empty()) {
-        return Some(PathBuf::from(dir));
-    }
-    default_cache_dir().map(|c| c.join("models").join(DEFAULT_MODEL_NAME))
-}
 
 /// Why a conversion failed.
 #[derive(Debug)]
@@ -894,15 +871,5 @@ mod tests {
         // numpy: np.arange(8).reshape(1, 2, 4, 1).swapaxes(1, 2).reshape(8) == [0, 4, 1, 5, 2, 6, 3, 7]
         let w: Vec<f32> = (0..8).map(|i| i as f32).collect();
         assert_eq!(permute_qk(&w, 1, 8, 1), [0., 4., 1., 5., 2., 6., 3., 7.]);
-    }
-
-    #[test]
-    fn default_dirs_follow_the_environment_order() {
-        // Only checks the shape of the answer: the environment is shared with other tests.
-        if let Some(d) = default_model_dir()
-            && std::env::var_os("INT4_MODEL_DIR").is_none()
-        {
-            assert!(d.ends_with(Path::new("models").join(DEFAULT_MODEL_NAME)));
-        }
     }
 }

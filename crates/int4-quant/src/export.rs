@@ -3,7 +3,7 @@
 //! Why a writer at all: an unquantized checkpoint loaded on a 4-bit path is quantized at every cold load
 //! (round to nearest, no search, the head and embedding at the loader's discretion), and the directory
 //! stays four to eight times larger than the model needs. An exported checkpoint is quantized once, with
-//! scale search, into one of the two formats [`crate::quantized`] reads as they are:
+//! scale search, into one of the two formats the runtime reads as they are ([`int4::QuantFormat`]):
 //!
 //! * **`cpu_int4`** (W4A16): per linear `<p>`, `<p>.weight_packed` u8 `[N][K/2]` (low nibble = even k),
 //!   `<p>.weight_scale` and `<p>.weight_zero` f32 `[N][G]`, on the asymmetric min/max grid with a float zero
@@ -36,7 +36,7 @@
 //!
 //! **Two methods.** [`Method::Rtn`] (the default) rounds each group to nearest on its grid, layer by layer,
 //! with no data. [`Method::Gptq`] runs the model on calibration text and quantizes each layer with GPTQ's
-//! second-order error compensation ([`crate::gptq`]) on the same grids, into the same formats; the report
+//! second-order error compensation ([`crate::gptq_method`]) on the same grids, into the same formats; the report
 //! then also gives each layer's output error over the calibration inputs, for GPTQ and for RTN.
 //!
 //! **The report measures what was written.** `quantization_report.json` gives, per quantized tensor, the SNR
@@ -58,10 +58,11 @@ use safetensors::tensor::Dtype;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::config::ModelConfig;
-use crate::gptq::{CalibrationReport, GptqError, GptqOptions, GridKind, GridSpec, LayerQuant, Solved, Target, Zeros};
-use crate::model::linear_specs;
-use crate::weights::Checkpoint;
+use int4::{Checkpoint, ModelConfig, linear_specs};
+
+use crate::gptq_method::{
+    CalibrationReport, GptqError, GptqOptions, GridKind, GridSpec, LayerQuant, Solved, Target, Zeros,
+};
 
 /// The on-disk format to write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,7 +88,7 @@ impl ExportFormat {
 pub enum Method {
     /// Round to nearest per group (with the scale search), no data.
     Rtn,
-    /// GPTQ: second-order error compensation over calibration text ([`crate::gptq`]).
+    /// GPTQ: second-order error compensation over calibration text ([`crate::gptq_method`]).
     Gptq,
 }
 
@@ -302,7 +303,11 @@ impl std::error::Error for QuantizeError {
 
 impl From<GptqError> for QuantizeError {
     fn from(e: GptqError) -> Self {
-        QuantizeError::Gptq(e)
+        match e {
+            // A weight that cannot be read is the input's fault, whichever method read it.
+            GptqError::Tensor { tensor, message } => QuantizeError::Tensor { tensor, message },
+            e => QuantizeError::Gptq(e),
+        }
     }
 }
 
@@ -684,7 +689,7 @@ pub fn quantize_checkpoint(
     // GPTQ's calibration text, read and tokenized before anything is written.
     let calib = match opts.method {
         Method::Rtn => None,
-        Method::Gptq => Some(crate::gptq::calibration_tokens(input, &opts.gptq)?),
+        Method::Gptq => Some(crate::gptq_method::calibration_tokens(input, &opts.gptq)?),
     };
 
     let ckpt = Checkpoint::open(input)
@@ -815,8 +820,16 @@ pub fn quantize_checkpoint(
                     report(Progress { done: 0, total: jobs.len(), bytes_done: 0, bytes_total, tensor: &msg });
                 }
             };
-            let (solved, rep) =
-                crate::gptq::calibrate(files, &seqs, &cfg, &ckpt, &targets, grid_spec(opts), &opts.gptq, Some(&tell))?;
+            let (solved, rep) = crate::gptq_method::calibrate(
+                files,
+                &seqs,
+                &cfg,
+                &ckpt,
+                &targets,
+                grid_spec(opts),
+                &opts.gptq,
+                Some(&tell),
+            )?;
             (solved, Some(rep))
         }
     };
@@ -1249,7 +1262,7 @@ fn encode(
     let q = match pre {
         Some(q) => q,
         None => {
-            rtn = crate::gptq::rtn(w, n, k, grid_spec(opts)).map_err(qerr)?;
+            rtn = crate::gptq_method::rtn(w, n, k, grid_spec(opts)).map_err(qerr)?;
             &rtn
         }
     };

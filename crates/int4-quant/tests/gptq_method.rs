@@ -1,16 +1,14 @@
 //! `int4 quantize --method gptq`: the GPTQ solver against a plain reference, its relation to round to
 //! nearest, its determinism, an end-to-end export of the tiny model, and its errors.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{tiny_model, tiny_model_with};
-use int4::engine::{Engine, LoadOptions, RunPath};
-use int4::gptq::{self, GptqError, GptqOptions, GridKind, GridSpec, Hessian, LayerQuant, Prepared, Zeros};
-use int4::quantize::{ExportFormat, Method, QuantizeError, QuantizeOptions, quantize_checkpoint};
+use int4::{Engine, LoadOptions, RunPath};
 use int4_layout::GroupSize;
 use int4_layout::grid::{self, ParamPrecision, ScaleSearch};
+use int4_quant::export::{ExportFormat, Method, QuantizeError, QuantizeOptions, quantize_checkpoint};
+use int4_quant::gptq_method::{self, GptqError, GptqOptions, GridKind, GridSpec, Hessian, LayerQuant, Prepared, Zeros};
+use int4_test_support::{tiny_model, tiny_model_with};
 
 struct Rng(u64);
 impl Rng {
@@ -119,12 +117,12 @@ fn reference(w: &[f32], n: usize, k: usize, prep: &Prepared, g: GridSpec) -> Lay
 fn solver_matches_plain_reference() {
     let (n, k, m) = (37, 320, 400);
     let (w, x) = problem(n, k, m, 11);
-    let prep = gptq::prepare(&hessian(&x, m, k), k, 0.01, "test").unwrap();
+    let prep = gptq_method::prepare(&hessian(&x, m, k), k, 0.01, "test").unwrap();
     for kind in [GridKind::Symmetric, GridKind::IntegerZero] {
         for group in [GroupSize::G32, GroupSize::G64, GroupSize::G128, GroupSize::G256, GroupSize::PerChannel] {
             for search in [ScaleSearch::Off, ScaleSearch::Shrink] {
                 let g = spec(kind, group, search);
-                let got = gptq::solve(&w, n, k, &prep, g, "test").unwrap();
+                let got = gptq_method::solve(&w, n, k, &prep, g, "test").unwrap();
                 let want = reference(&w, n, k, &prep, g);
                 assert_eq!(got, want, "{kind:?} {group:?} {search:?}");
             }
@@ -142,13 +140,13 @@ fn identity_hessian_gives_round_to_nearest() {
     for i in 0..k {
         h[i * k + i] = 1.0;
     }
-    let prep = gptq::prepare(&h, k, 0.01, "test").unwrap();
+    let prep = gptq_method::prepare(&h, k, 0.01, "test").unwrap();
     for kind in [GridKind::Asymmetric, GridKind::Symmetric, GridKind::IntegerZero] {
         for group in [GroupSize::G32, GroupSize::G128, GroupSize::PerChannel] {
             for search in [ScaleSearch::Off, ScaleSearch::Shrink] {
                 let g = spec(kind, group, search);
-                let got = gptq::solve(&w, n, k, &prep, g, "test").unwrap();
-                let rtn = gptq::rtn(&w, n, k, g).unwrap();
+                let got = gptq_method::solve(&w, n, k, &prep, g, "test").unwrap();
+                let rtn = gptq_method::rtn(&w, n, k, g).unwrap();
                 assert_eq!(got, rtn, "{kind:?} {group:?} {search:?}");
             }
         }
@@ -163,12 +161,13 @@ fn gptq_lowers_output_error_on_correlated_inputs() {
     let (n, k, m) = (64, 256, 1024);
     let (w, x) = problem(n, k, m, 3);
     let h = hessian(&x, m, k);
-    let prep = gptq::prepare(&h, k, 0.01, "test").unwrap();
+    let prep = gptq_method::prepare(&h, k, 0.01, "test").unwrap();
     for kind in [GridKind::Asymmetric, GridKind::Symmetric, GridKind::IntegerZero] {
         let g = spec(kind, GroupSize::G64, ScaleSearch::Shrink);
-        let q = gptq::solve(&w, n, k, &prep, g, "test").unwrap();
-        let r = gptq::rtn(&w, n, k, g).unwrap();
-        let (eq, er) = (gptq::output_energy(&w, Some(&q), n, k, &h), gptq::output_energy(&w, Some(&r), n, k, &h));
+        let q = gptq_method::solve(&w, n, k, &prep, g, "test").unwrap();
+        let r = gptq_method::rtn(&w, n, k, g).unwrap();
+        let (eq, er) =
+            (gptq_method::output_energy(&w, Some(&q), n, k, &h), gptq_method::output_energy(&w, Some(&r), n, k, &h));
         assert!(eq < 0.7 * er, "{kind:?}: GPTQ output error {eq:.4e} is not clearly below RTN's {er:.4e}");
         let werr =
             |l: &LayerQuant| -> f64 { (0..n * k).map(|i| f64::from(w[i] - l.weight(i / k, i % k)).powi(2)).sum() };
@@ -196,10 +195,17 @@ fn deterministic_across_thread_counts() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         pool.install(|| {
             let h = hessian(&x, m, k);
-            let prep = gptq::prepare(&h, k, 0.01, "test").unwrap();
-            let q = gptq::solve(&w, n, k, &prep, spec(GridKind::IntegerZero, GroupSize::G32, ScaleSearch::Shrink), "t")
-                .unwrap();
-            let e = gptq::output_energy(&w, Some(&q), n, k, &h);
+            let prep = gptq_method::prepare(&h, k, 0.01, "test").unwrap();
+            let q = gptq_method::solve(
+                &w,
+                n,
+                k,
+                &prep,
+                spec(GridKind::IntegerZero, GroupSize::G32, ScaleSearch::Shrink),
+                "t",
+            )
+            .unwrap();
+            let e = gptq_method::output_energy(&w, Some(&q), n, k, &h);
             (h, prep.u, q, e.to_bits())
         })
     };
@@ -285,7 +291,7 @@ fn tiny_model_export_loads_and_runs() {
     let _ = std::fs::remove_file(&calib);
 }
 
-fn gptq_err(r: Result<int4::quantize::QuantizeReport, QuantizeError>) -> GptqError {
+fn gptq_err(r: Result<int4_quant::export::QuantizeReport, QuantizeError>) -> GptqError {
     match r {
         Err(QuantizeError::Gptq(e)) => e,
         Err(e) => panic!("not a GPTQ error: {e}"),

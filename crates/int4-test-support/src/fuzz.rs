@@ -1,8 +1,7 @@
-//! Bounded mutation fuzzing on the stable toolchain, shared by the loader fuzz targets
-//! (`fuzz_loaders.rs`) and the GGUF reader's (`gguf_convert.rs`): proptest picks a few edits of a valid
-//! input — flipped bytes, a truncation, a hostile little-endian u64 — mostly in the first 4 KiB, where
-//! headers live. `INT4_FUZZ_CASES` sets the cases per target (default 48).
-#![allow(dead_code)]
+//! Bounded mutation fuzzing on the stable toolchain, shared by the runtime's loader fuzz targets
+//! (`int4`'s `tests/fuzz_loaders.rs`) and the GGUF reader's (`int4-gguf`'s tests): proptest picks a few
+//! edits of a valid input — flipped bytes, a truncation, a hostile little-endian u64 — mostly in the first
+//! 4 KiB, where headers live. `INT4_FUZZ_CASES` sets the cases per target (default 48).
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};

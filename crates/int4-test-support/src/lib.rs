@@ -1,7 +1,13 @@
-//! The tiny random Llama checkpoint the runtime tests share: written by the test into a temporary
-//! directory, with a word-level tokenizer so the whole engine (not only the model) can load it.
+//! What the workspace's integration tests share (the role `test-utils` plays in rust-analyzer):
+//!
+//! * [`tiny_model`] — a tiny random Llama checkpoint, written by the test into a temporary directory,
+//!   with a word-level tokenizer so the whole engine (not only the model) can load it;
+//! * [`default_model_or_skip!`] — the converted default model, or a skip that is printed, recorded for
+//!   `cargo xtask ci` to report, and refused under `CI=true`;
+//! * [`fuzz`] — bounded mutation fuzzing of loaders on the stable toolchain.
+#![allow(missing_docs)]
 
-#![allow(dead_code)]
+pub mod fuzz;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -9,6 +15,7 @@ use std::path::PathBuf;
 use safetensors::tensor::{Dtype, TensorView};
 
 /// A small xorshift generator with Box–Muller normals.
+#[derive(Clone, Debug)]
 pub struct Rng(pub u64);
 impl Rng {
     /// A standard normal sample.
@@ -82,20 +89,32 @@ pub fn tiny_model_with(name: &str, edit: impl Fn(&str, Vec<f32>) -> Vec<f32>) ->
     dir
 }
 
-/// The converted default model, or `None` with the skip printed and recorded (a failure under `CI=true`,
-/// where `cargo xtask ci` fetches the model first, so a missing one is a broken setup).
-pub fn default_model_or_skip(test: &str) -> Option<PathBuf> {
-    let dir = int4::convert::default_model_dir()?;
+/// The converted default model, or `None` with the skip printed and appended to `skips` (a failure
+/// under `CI=true`, where `cargo xtask ci` fetches the model first, so a missing one is a broken setup).
+/// Called through [`default_model_or_skip!`], which names the skip file of the calling test target.
+pub fn default_model_or_skip_recorded(test: &str, skips: &std::path::Path) -> Option<PathBuf> {
+    let dir = int4_cache::dirs::default_model_dir()?;
     if dir.join("int4-source.json").exists() {
         return Some(dir);
     }
     let msg = format!("default model not found at {}: run `cargo xtask fetch-model`", dir.display());
     assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
     eprintln!("SKIPPED: {msg}");
-    let path = concat!(env!("CARGO_TARGET_TMPDIR"), "/int4-test-skips.txt");
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(skips) {
         use std::io::Write;
         let _ = writeln!(f, "int4 {test}: SKIPPED ({msg})");
     }
     None
+}
+
+/// `default_model_or_skip!("test name")`: [`default_model_or_skip_recorded`] with the calling test
+/// target's `target/tmp/int4-test-skips.txt`, which `cargo xtask ci` prints after the tests.
+#[macro_export]
+macro_rules! default_model_or_skip {
+    ($test:expr) => {
+        $crate::default_model_or_skip_recorded(
+            $test,
+            ::std::path::Path::new(concat!(env!("CARGO_TARGET_TMPDIR"), "/int4-test-skips.txt")),
+        )
+    };
 }

@@ -1,4 +1,4 @@
-//! `int4::quantize`: the `cpu_int4` and GPTQ checkpoint writers, checked through the runtime's readers.
+//! `int4_quant::export`: the `cpu_int4` and GPTQ checkpoint writers, checked through the runtime's readers.
 //!
 //! The tiny random model is exported in each format; the test decodes the written bytes itself, following
 //! the documented layouts (not the library's decoders), into a plain f32 checkpoint. The f32 path on the
@@ -6,19 +6,15 @@
 //! SNR must be the SNR of those decoded weights, and the zero-point conventions, the untied head and the
 //! errors are checked as stored.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::{CONFIG, tiny_model, tiny_model_with};
-use int4::engine::{Engine, LoadOptions, RunPath};
-use int4::quantize::{ExportFormat, QuantizeError, QuantizeOptions, QuantizeReport, quantize_checkpoint};
-use int4::quantized::{IntegerZeros, QuantFormat, read_linear};
-use int4::weights::Checkpoint;
+use int4::{Checkpoint, Engine, IntegerZeros, LoadOptions, QuantFormat, RunPath, read_linear};
 use int4_layout::GroupSize;
 use int4_layout::gptq::{self, ZeroFormat};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_integer_zero};
+use int4_quant::export::{ExportFormat, QuantizeError, QuantizeOptions, QuantizeReport, quantize_checkpoint};
+use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::Value;
 
@@ -244,7 +240,7 @@ fn exports_read_back_exactly_and_report_the_snr_of_what_is_stored() {
         // The runtime's own reader decodes the same weights.
         let ckpt = Checkpoint::open(&out).unwrap();
         let cfg = config(&out);
-        let norm = int4::cache::config::normalize(Some(&cfg["quantization_config"])).unwrap();
+        let norm = int4::cache::quant_config::normalize(Some(&cfg["quantization_config"])).unwrap();
         assert!(norm.warnings.is_empty(), "{name}: {:?}", norm.warnings);
         let format = QuantFormat::from_config(&norm).unwrap().unwrap();
         let src_ckpt = Checkpoint::open(&src).unwrap();
@@ -326,7 +322,7 @@ fn symmetric_gptq_stores_sevens_as_v1_and_asymmetric_is_v2() {
     }
     assert_eq!(zero_tensors, 15);
     let ckpt = Checkpoint::open(&sym).unwrap();
-    let norm = int4::cache::config::normalize(Some(qc)).unwrap();
+    let norm = int4::cache::quant_config::normalize(Some(qc)).unwrap();
     let format = QuantFormat::from_config(&norm).unwrap().unwrap();
     let q = read_linear(&ckpt, "model.layers.0.mlp.gate_proj", 160, 64, &format).unwrap();
     assert_eq!(q.zeros, IntegerZeros::Symmetric);
@@ -339,7 +335,7 @@ fn symmetric_gptq_stores_sevens_as_v1_and_asymmetric_is_v2() {
     let t = read_tensors(&asym);
     let ckpt = Checkpoint::open(&asym).unwrap();
     let src_ckpt = Checkpoint::open(&src).unwrap();
-    let norm = int4::cache::config::normalize(Some(qc)).unwrap();
+    let norm = int4::cache::quant_config::normalize(Some(qc)).unwrap();
     let format = QuantFormat::from_config(&norm).unwrap().unwrap();
     let mut zeros_seen = [false; 16];
     for (p, n, k) in [("model.layers.0.mlp.gate_proj", 160, 64), ("model.layers.1.mlp.down_proj", 64, 160)] {
@@ -620,7 +616,7 @@ fn progress_reaches_the_total_and_search_helps() {
     let src = tiny_model("progress-src");
     let seen = std::sync::Mutex::new(Vec::new());
     let record =
-        |p: int4::quantize::Progress<'_>| seen.lock().unwrap().push((p.done, p.total, p.bytes_done, p.bytes_total));
+        |p: int4_quant::export::Progress<'_>| seen.lock().unwrap().push((p.done, p.total, p.bytes_done, p.bytes_total));
     let out = scratch("progress");
     let on =
         quantize_checkpoint(&src, &out, &opts(ExportFormat::CpuInt4, false, GroupSize::G32), Some(&record)).unwrap();

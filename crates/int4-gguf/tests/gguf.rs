@@ -11,15 +11,12 @@
 //! * The real default model (SmolLM2-135M-Instruct) when `cargo xtask fetch-model` has put it in place:
 //!   skipped with a message otherwise, and a failure under `CI=true`.
 
-#[path = "common/mutate.rs"]
-mod mutate;
-
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use half::f16;
-use int4::convert::{ConvertErrorKind, gguf_to_hf, permute_qk};
-use int4::gguf::{GgmlType, GgufError, GgufErrorKind, GgufFile, GgufValue};
+use int4_gguf::{ConvertErrorKind, gguf_to_hf, permute_qk};
+use int4_gguf::{GgmlType, GgufError, GgufErrorKind, GgufFile, GgufValue};
 
 // ---------------------------------------------------------------------------------------------------------
 // A test-only GGUF writer.
@@ -795,8 +792,8 @@ fn mutated_gguf_files_never_panic() {
     let good = tiny_llama(false).writer.bytes();
     let (path, out) = (tmp_dir().join("fuzz.gguf"), tmp_dir().join("fuzz.out"));
     let converted = std::cell::Cell::new(0u32);
-    mutate::run("gguf", mutate::edits(), |edits| {
-        std::fs::write(&path, mutate::apply(&good, edits)).unwrap();
+    int4_test_support::fuzz::run("gguf", int4_test_support::fuzz::edits(), |edits| {
+        std::fs::write(&path, int4_test_support::fuzz::apply(&good, edits)).unwrap();
         let _ = std::fs::remove_dir_all(&out);
         match catch_unwind(AssertUnwindSafe(|| gguf_to_hf(&path, &out))) {
             Err(_) => Err(format!("panicked on {edits:?}")),
@@ -866,7 +863,7 @@ fn conversion_refuses_what_it_cannot_convert() {
 
 /// The converted default model's directory, or `None` (after saying so) when it is not there.
 fn real_model_dir() -> Option<PathBuf> {
-    let dir = int4::convert::default_model_dir();
+    let dir = int4_cache::dirs::default_model_dir();
     let complete = dir.as_ref().is_some_and(|d| {
         ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "source.gguf"]
             .iter()
@@ -926,7 +923,7 @@ fn the_real_model_is_converted_and_loads() {
     let k = gguf.tensor_f32("blk.3.attn_k.weight").unwrap();
     assert_eq!(
         f32s(st.tensor("model.layers.3.self_attn.k_proj.weight").unwrap().data()),
-        int4::convert::unpermute_qk(&k, 3, 192, 576)
+        int4_gguf::unpermute_qk(&k, 3, 192, 576)
     );
     let embed = gguf.tensor_f32("token_embd.weight").unwrap();
     assert_eq!(gguf.tensor("token_embd.weight").unwrap().ggml_type, GgmlType::Q8_0);
