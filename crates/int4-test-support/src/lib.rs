@@ -4,7 +4,9 @@
 //!   with a word-level tokenizer so the whole engine (not only the model) can load it;
 //! * [`default_model_or_skip!`] — the converted default model, or a skip that is printed, recorded for
 //!   `cargo xtask ci` to report, and refused under `CI=true`;
-//! * [`fuzz`] — bounded mutation fuzzing of loaders on the stable toolchain.
+//! * [`fuzz`] — bounded mutation fuzzing of loaders on the stable toolchain;
+//! * [`in_own_process`] — runs one test of an integration binary alone in a child process, for the
+//!   measurements that are process-wide (anonymous memory) and would see the other tests' allocations.
 #![allow(missing_docs)]
 
 pub mod fuzz;
@@ -117,4 +119,28 @@ macro_rules! default_model_or_skip {
             ::std::path::Path::new(concat!(env!("CARGO_TARGET_TMPDIR"), "/int4-test-skips.txt")),
         )
     };
+}
+
+/// Whether the calling test should run its body here: `true` in a child process started for it alone;
+/// otherwise starts that child (this test binary, filtered to `test` exactly, one thread), checks that it
+/// ran the test and passed, and returns `false`. `test` is the test's full path in the binary
+/// (`module::name`).
+///
+/// Why: every test of an integration binary shares one process, so a test that measures `RssAnon` would
+/// see its neighbours' allocations come and go.
+pub fn in_own_process(test: &str) -> bool {
+    const VAR: &str = "INT4_TEST_ALONE";
+    if std::env::var_os(VAR).is_some_and(|v| v == test) {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([test, "--exact", "--test-threads", "1", "--nocapture"])
+        .env(VAR, test)
+        .output()
+        .expect("the test binary starts again");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{test}, run alone in a child process, failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("test result: ok. 1 passed"), "{test} did not run in the child process:\n{stdout}");
+    false
 }

@@ -10,9 +10,13 @@ fn rss_anon() -> Option<u64> {
 }
 
 /// Three sessions of 4200 positions each (the KV cache filled past 4096) on one loaded model: after the
-/// first, anonymous memory does not grow, and a full context is the `ContextFull` stop, not an error.
+/// first, anonymous memory does not grow, and a full context is the `ContextFull` stop, not an error. Run
+/// in a process of its own: `RssAnon` is process-wide.
 #[test]
 fn sessions_past_4096_tokens_do_not_grow_memory() {
+    if !int4_test_support::in_own_process("long_runs::sessions_past_4096_tokens_do_not_grow_memory") {
+        return;
+    }
     let dir = tiny_model("long");
     let context = 4200;
     let e = Engine::load(&dir, &LoadOptions { path: RunPath::W4a16, context, cache: None, ..LoadOptions::default() })
