@@ -110,16 +110,18 @@ fn main() {
         eprintln!("  {name} {n}x{k} ...");
         let w = int4_benches::weights(n, k, 7);
         let q = quantize_asymmetric(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
-        let direct = W4A16Linear::new(
+        let direct = W4A16Linear::with_caps(
             W4A16Weights::new(&q.codes, q.params.clone(), block, true).unwrap(),
             None,
             W4A16Config::default(),
+            IsaCaps::process(),
         )
         .unwrap();
-        let halves = W4A16Linear::new(
+        let halves = W4A16Linear::with_caps(
             W4A16Weights::new(&q.codes, q.params.clone(), block, false).unwrap(),
             None,
             W4A16Config { direct_dequant: false, ..W4A16Config::default() },
+            IsaCaps::process(),
         )
         .unwrap();
         let wna16 = int4_kernels::portable::Wna16Linear::from_codes(&q.codes, q.params.clone(), None).unwrap();
@@ -151,16 +153,26 @@ fn main() {
             samples[1].push(time_per_call(budget, || direct.decode(&x1, 1, &mut o1).unwrap()));
             samples[2].push(time_per_call(budget, || direct.decode(&x4, 4, &mut o4).unwrap()));
             samples[3].push(time_per_call(budget, || sink ^= ceiling::stream_read(&bf16_bytes)));
-            samples[4].push(time_per_call(budget, || dense.forward(&x1, 1, &mut o1).unwrap()));
+            samples[4].push(time_per_call(budget, || {
+                dense.forward(&x1, 1, &mut o1).unwrap();
+            }));
             samples[5].push(time_per_call(budget, || direct.prefill(&xp, m_prefill, &mut op).unwrap()));
             samples[6].push(time_per_call(budget, || halves.prefill(&xp, m_prefill, &mut op).unwrap()));
-            samples[7].push(time_per_call(budget, || dense.forward(&xp, m_prefill, &mut op).unwrap()));
+            samples[7].push(time_per_call(budget, || {
+                dense.forward(&xp, m_prefill, &mut op).unwrap();
+            }));
             let iters = 200_000;
             let t = time_per_call(budget, || sink ^= u64::from(ceiling::fma_peak(iters).1.to_bits()));
             samples[8].push(ceiling::fma_peak(1).0 as f64 * iters as f64 / t);
-            samples[9].push(time_per_call(budget, || wna16.forward(&x1, 1, &mut o1).unwrap()));
-            samples[10].push(time_per_call(budget, || w4a8.forward(&x1, 1, &mut o1).unwrap()));
-            samples[11].push(time_per_call(budget, || w4a8.forward(&xp, m_prefill, &mut op).unwrap()));
+            samples[9].push(time_per_call(budget, || {
+                wna16.forward(&x1, 1, &mut o1).unwrap();
+            }));
+            samples[10].push(time_per_call(budget, || {
+                w4a8.forward(&x1, 1, &mut o1).unwrap();
+            }));
+            samples[11].push(time_per_call(budget, || {
+                w4a8.forward(&xp, m_prefill, &mut op).unwrap();
+            }));
             let iters = 100_000;
             let t = time_per_call(budget, || sink ^= u64::from(ceiling::bf16_peak(iters).1.to_bits()));
             samples[12].push(ceiling::bf16_peak(1).0 as f64 * iters as f64 / t);
@@ -302,9 +314,8 @@ fn main() {
     let (n, k) = (2048, 2048);
     let w = int4_benches::weights(n, k, 11);
     let q = quantize_asymmetric(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
-    let lin =
-        W4A16Linear::new(W4A16Weights::new(&q.codes, q.params, block, true).unwrap(), None, W4A16Config::default())
-            .unwrap();
+    let weights = W4A16Weights::new(&q.codes, q.params, block, true).unwrap();
+    let lin = W4A16Linear::with_caps(weights, None, W4A16Config::default(), IsaCaps::process()).unwrap();
     println!("\n### Decode vs prefill by M ({n}×{k}): µs per call\n");
     println!("| M | decode | prefill | faster |");
     println!("|---|---|---|---|");
@@ -405,7 +416,7 @@ fn from_memory(quick: bool, rounds: usize, budget: Duration, block: TinygemmBloc
         // Each copy is packed anew: a clone would share the packed buffer.
         let new_w4a16 = || {
             let weights = W4A16Weights::new(&q.codes, q.params.clone(), block, true).unwrap();
-            W4A16Linear::new(weights, None, W4A16Config::default()).unwrap()
+            W4A16Linear::with_caps(weights, None, W4A16Config::default(), IsaCaps::process()).unwrap()
         };
         let new_w4a8 = || {
             let weights = W4A8Weights::pack(&qi.codes, &scales, Some(&zeros), None, GroupSize::G128).unwrap();
@@ -425,8 +436,18 @@ fn from_memory(quick: bool, rounds: usize, budget: Duration, block: TinygemmBloc
                 .push(time_per_call(budget, rotating(&w4a16s, |l| sink ^= ceiling::stream_read(l.weights().packed()))));
             samples[1].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x1, 1, &mut o1).unwrap())));
             samples[2].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x4, 4, &mut o4).unwrap())));
-            samples[3].push(time_per_call(budget, rotating(&w4a8s, |l| l.forward(&x1, 1, &mut o1).unwrap())));
-            samples[4].push(time_per_call(budget, rotating(&w4a8s, |l| l.forward(&x4, 4, &mut o4).unwrap())));
+            samples[3].push(time_per_call(
+                budget,
+                rotating(&w4a8s, |l| {
+                    l.forward(&x1, 1, &mut o1).unwrap();
+                }),
+            ));
+            samples[4].push(time_per_call(
+                budget,
+                rotating(&w4a8s, |l| {
+                    l.forward(&x4, 4, &mut o4).unwrap();
+                }),
+            ));
         }
         std::hint::black_box(sink);
         let med: Vec<f64> = samples.into_iter().map(median).collect();

@@ -90,8 +90,8 @@ pub fn hash_file(path: &Path) -> Result<String, CacheError> {
 /// rejected paths (its wording describes the machine, not the artifact).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlanDecision {
-    /// The path's name.
-    pub path: String,
+    /// The rung taken (serialised as its name).
+    pub path: int4_select::policy::Rung,
     /// Decode kernel.
     pub decode: int4_select::policy::KernelPlan,
     /// Prefill kernel.

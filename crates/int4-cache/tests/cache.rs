@@ -103,8 +103,8 @@ fn changing_any_single_field_changes_the_key() {
         |p: &mut int4_cache::key::PlanDecision| p.direct_dequant = !p.direct_dequant,
         |p: &mut int4_cache::key::PlanDecision| p.dequant_threshold += 1,
         |p: &mut int4_cache::key::PlanDecision| p.layout = int4_select::policy::PackedLayout::Tinygemm64,
-        |p: &mut int4_cache::key::PlanDecision| p.prefill.kernel.push('x'),
-        |p: &mut int4_cache::key::PlanDecision| p.path.push('x'),
+        |p: &mut int4_cache::key::PlanDecision| p.prefill.kernel = int4_kernels::KernelId::W4a16PrefillHalvesAvx2,
+        |p: &mut int4_cache::key::PlanDecision| p.path = int4_select::policy::Rung::W4a16Avx512,
     ] {
         let mut p = plan.clone();
         mutate(&mut p);

@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use int4::kernels::w4a8::ActivationScales;
 use int4::layout::GroupSize;
@@ -61,14 +62,14 @@ struct EvalArgs {
     /// The model directory to evaluate.
     model_dir: PathBuf,
     /// The evaluated path: auto, w4a16, wna16, w4a8, bf16 or f32.
-    #[arg(long, default_value = "auto", value_parser = int4_quant::eval::parse_path)]
+    #[arg(long, default_value = "auto", value_parser = path_parser())]
     path: RunPath,
     /// Input channels per scale and zero when quantizing at load: 32, 64, 128 or 256 (a quantized
     /// checkpoint keeps its own).
     #[arg(long, alias = "group-size", default_value_t = 128)]
     group: i64,
     /// The reference path: bf16 or f32.
-    #[arg(long = "ref", value_parser = int4_quant::eval::parse_reference)]
+    #[arg(long = "ref", value_parser = reference_parser())]
     reference: RunPath,
     /// The reference's model directory (default: MODEL_DIR), e.g. the original of a quantized export.
     #[arg(long)]
@@ -183,8 +184,8 @@ struct InfoArgs {
     /// A Hugging Face model directory.
     model_dir: PathBuf,
     /// Which numerics to describe the plan for.
-    #[arg(long, value_enum, default_value = "auto")]
-    path: PathArg,
+    #[arg(long, default_value = "auto", value_parser = path_parser())]
+    path: RunPath,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -193,15 +194,17 @@ struct InfoArgs {
     no_cache: bool,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum PathArg {
-    Auto,
-    W4a16,
-    /// 4-bit weights, int8 activations (integer zero points; an unquantized checkpoint is quantized at load).
-    W4a8,
-    Wna16,
-    Bf16,
-    F32,
+/// `--path`: one of [`RunPath::ALL`]'s names, listed in `--help`.
+fn path_parser() -> impl clap::builder::TypedValueParser<Value = RunPath> {
+    clap::builder::PossibleValuesParser::new(RunPath::ALL.map(RunPath::name))
+        .map(|name| name.parse::<RunPath>().expect("every listed name parses"))
+}
+
+/// `--ref`: an exact path (`bf16` or `f32`): a 4-bit reference would measure nothing.
+fn reference_parser() -> impl clap::builder::TypedValueParser<Value = RunPath> {
+    let exact: Vec<&str> = RunPath::ALL.into_iter().filter(|p| p.is_exact()).map(RunPath::name).collect();
+    clap::builder::PossibleValuesParser::new(exact)
+        .map(|name| name.parse::<RunPath>().expect("every listed name parses"))
 }
 
 #[derive(clap::Args)]
@@ -251,8 +254,8 @@ struct GenerateArgs {
 #[derive(clap::Args)]
 struct RunArgs {
     /// Which numerics to run.
-    #[arg(long, value_enum, default_value = "auto")]
-    path: PathArg,
+    #[arg(long, default_value = "auto", value_parser = path_parser())]
+    path: RunPath,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -329,17 +332,6 @@ fn report(command: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode 
     }
 }
 
-fn run_path(p: PathArg) -> RunPath {
-    match p {
-        PathArg::Auto => RunPath::Auto,
-        PathArg::W4a16 => RunPath::W4a16,
-        PathArg::W4a8 => RunPath::W4a8,
-        PathArg::Wna16 => RunPath::Wna16,
-        PathArg::Bf16 => RunPath::Bf16,
-        PathArg::F32 => RunPath::F32,
-    }
-}
-
 fn priority(p: &str) -> Result<Priority, Box<dyn std::error::Error>> {
     match p {
         "speed" => Ok(Priority::Speed),
@@ -359,7 +351,7 @@ fn start_threads(threads: Option<usize>) -> Result<(), Box<dyn std::error::Error
 }
 
 /// Load options with a progress bar on stderr for the first (cold) packing of a model's layers.
-fn load_options(path: PathArg, priority: Priority, context: usize, no_cache: bool) -> LoadOptions {
+fn load_options(path: RunPath, priority: Priority, context: usize, no_cache: bool) -> LoadOptions {
     let bar = indicatif::ProgressBar::hidden();
     bar.set_style(
         indicatif::ProgressStyle::with_template("[int4] packing layers {bar:30} {pos}/{len} {elapsed}")
@@ -375,8 +367,7 @@ fn load_options(path: PathArg, priority: Priority, context: usize, no_cache: boo
             bar.finish_and_clear();
         }
     }));
-    let mut opts =
-        LoadOptions { path: run_path(path), priority, context, progress: Some(progress), ..LoadOptions::default() };
+    let mut opts = LoadOptions { path, priority, context, progress: Some(progress), ..LoadOptions::default() };
     if no_cache {
         opts.cache = None;
     }
@@ -451,12 +442,11 @@ fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
     for (layer, how) in &info.layers {
         println!("    {layer:<22} {how}");
     }
-    if let Some(p) = &info.plan {
-        println!(
-            "  plan         {} (decode {}, prefill {}, layout {:?})",
-            p.path, p.decode.kernel, p.prefill.kernel, p.layout
-        );
-    }
+    let p = &info.plan;
+    println!(
+        "  plan         {} (decode {}, prefill {}, layout {:?})",
+        p.path, p.decode.kernel, p.prefill.kernel, p.layout
+    );
     match info.cached {
         Some(true) => println!("  cache        packed weights cached: the next load is warm"),
         Some(false) => println!("  cache        not cached: the next load packs the weights"),
@@ -583,7 +573,7 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!();
-        let path = engine.plan.as_ref().map_or_else(|| format!("{:?}", engine.model.numerics()), |p| p.path.clone());
+        let path = engine.plan.path;
         eprintln!(
             "[int4] load {:.2} s ({}) | prefill {} tok at {:.1} tok/s | decode {} tok at {:.1} tok/s | path {} (decode {}, prefill {}) | stop {:?} | RssAnon {:.0} MiB",
             engine.load_time.as_secs_f64(),
@@ -610,7 +600,7 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     start_threads(a.engine.threads)?;
     let prio = priority(&a.engine.priority)?;
     let load = |dir: &std::path::Path, path: RunPath| -> Result<Engine, Box<dyn std::error::Error>> {
-        let mut opts = load_options(PathArg::Auto, prio, a.ctx, a.engine.no_cache);
+        let mut opts = load_options(RunPath::Auto, prio, a.ctx, a.engine.no_cache);
         opts.path = path;
         opts.group_size = group;
         a.engine.apply(&mut opts)?;
@@ -790,8 +780,7 @@ fn probe(json: bool) -> ExitCode {
         }
     };
     let caps = int4::kernels::isa::IsaCaps::process();
-    let isa_cap = std::env::var("INT4_ISA").ok().and_then(|v| int4::kernels::isa::IsaLevel::parse(&v));
-    let overrides = Overrides { isa_cap, ..Overrides::default() };
+    let overrides = Overrides { caps: *caps, ..Overrides::default() };
     let mut plans = Vec::new();
     for kind in CheckpointKind::ALL {
         for prio in [Priority::Speed, Priority::Fidelity] {

@@ -8,7 +8,7 @@
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
-use crate::error::{KernelError, KernelErrorKind};
+use crate::error::KernelError;
 
 /// An immutable byte range of a shared buffer (an owned `Vec<u8>`, or a memory-mapped file).
 #[derive(Clone)]
@@ -22,10 +22,10 @@ impl SharedBytes {
     pub fn slice_of(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Result<Self, KernelError> {
         let len = (*owner).as_ref().len();
         if range.start > range.end || range.end > len {
-            return Err(KernelError::new(KernelErrorKind::Layout(format!(
+            return Err(KernelError::invalid(format!(
                 "byte range {}..{} lies outside a buffer of {len} bytes",
                 range.start, range.end
-            ))));
+            )));
         }
         Ok(SharedBytes { owner, range })
     }

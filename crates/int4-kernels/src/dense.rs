@@ -6,18 +6,15 @@
 
 use half::bf16;
 
-use crate::error::{KernelError, check_len};
+use rayon::prelude::*;
+
+use crate::choice::{self, BoundKernel, BoundKernels, LayerSpec};
+use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::gemm::{self, InnerLoops};
 use crate::isa::{Avx2Fma, IsaCaps};
 use crate::kernel_id::KernelId;
-use rayon::prelude::*;
 
-/// The most rows the dense layer runs as a GEMV (more run the GEMM). The GEMV reads each weight row once
-/// for all rows and converts bf16 in registers; the GEMM first widens the weights into f32 panels, which
-/// at a few rows costs more than the products: on SmolLM2's bf16 path, batched decode of 4 sequences ran
-/// at 51–52 tok/s on the GEMM and 168–193 on the GEMV, and of 16 at 157–165 against 169–203
-/// (docs/perf.md).
-pub const DENSE_GEMV_MAX_ROWS: usize = 16;
+pub use crate::choice::DENSE_GEMV_MAX_ROWS;
 
 /// Dense weights `[N][K]`, row-major.
 #[derive(Clone, Debug)]
@@ -35,22 +32,39 @@ pub struct DenseLinear {
     k: usize,
     weights: DenseWeights,
     bias: Option<Vec<f32>>,
-    loops: InnerLoops,
+    kernels: BoundKernels,
 }
 
 impl DenseLinear {
-    /// Builds the layer for the best ISA the process caps allow.
+    /// What `weights` are, for [`crate::choice::choose`].
+    pub fn spec(weights: &DenseWeights) -> LayerSpec {
+        LayerSpec::Dense { bf16: matches!(weights, DenseWeights::Bf16(_)) }
+    }
+
+    /// Builds the layer on the fastest kernels the process caps allow.
     pub fn new(n: usize, k: usize, weights: DenseWeights, bias: Option<Vec<f32>>) -> Result<Self, KernelError> {
         Self::with_caps(n, k, weights, bias, IsaCaps::process())
     }
 
-    /// Builds the layer for the best ISA `caps` allows.
+    /// Builds the layer on the fastest kernels `caps` allows.
     pub fn with_caps(
         n: usize,
         k: usize,
         weights: DenseWeights,
         bias: Option<Vec<f32>>,
         caps: &IsaCaps,
+    ) -> Result<Self, KernelError> {
+        let kernels = choice::best(Self::spec(&weights), caps)?;
+        Self::with_kernels(n, k, weights, bias, kernels)
+    }
+
+    /// Builds the layer on `kernels`: dense kernels for these weights' type.
+    pub fn with_kernels(
+        n: usize,
+        k: usize,
+        weights: DenseWeights,
+        bias: Option<Vec<f32>>,
+        kernels: BoundKernels,
     ) -> Result<Self, KernelError> {
         let len = match &weights {
             DenseWeights::Bf16(w) => w.len(),
@@ -60,8 +74,14 @@ impl DenseLinear {
         if let Some(b) = &bias {
             check_len("bias", n, b.len())?;
         }
-        let loops = Avx2Fma::with_caps(caps).map_or(InnerLoops::Portable, InnerLoops::Avx2);
-        Ok(DenseLinear { n, k, weights, bias, loops })
+        let bf16 = matches!(weights, DenseWeights::Bf16(_));
+        let ok: fn(KernelId) -> bool = if bf16 {
+            |k| matches!(k, KernelId::DensePortable | KernelId::DenseBf16GemvAvx2 | KernelId::DenseBf16GemmAvx2)
+        } else {
+            |k| matches!(k, KernelId::DensePortable | KernelId::DenseF32GemvAvx2 | KernelId::DenseF32GemmAvx2)
+        };
+        kernels.expect_family(if bf16 { "dense bf16" } else { "dense f32" }, ok)?;
+        Ok(DenseLinear { n, k, weights, bias, kernels })
     }
 
     /// Output channels.
@@ -76,14 +96,7 @@ impl DenseLinear {
 
     /// The kernel `forward` runs for `m` rows.
     pub fn kernel_for(&self, m: usize) -> KernelId {
-        let gemv = m <= DENSE_GEMV_MAX_ROWS;
-        match (self.loops, &self.weights, gemv) {
-            (InnerLoops::Portable, _, _) => KernelId::DensePortable,
-            (InnerLoops::Avx2(_), DenseWeights::Bf16(_), true) => KernelId::DenseBf16GemvAvx2,
-            (InnerLoops::Avx2(_), DenseWeights::Bf16(_), false) => KernelId::DenseBf16GemmAvx2,
-            (InnerLoops::Avx2(_), DenseWeights::F32(_), true) => KernelId::DenseF32GemvAvx2,
-            (InnerLoops::Avx2(_), DenseWeights::F32(_), false) => KernelId::DenseF32GemmAvx2,
-        }
+        self.kernels.for_rows(m)
     }
 
     /// Bytes of weights streamed per GEMV call.
@@ -94,23 +107,35 @@ impl DenseLinear {
         }
     }
 
-    /// `out[M][N] = x[M][K]·Wᵀ + bias`.
-    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`: the GEMV below the kernels' prefill row count, the GEMM from it.
+    /// Returns the kernel that ran.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
         let (n, k) = (self.n, self.k);
         check_len("activations", m * k, x.len())?;
         check_len("output", m * n, out.len())?;
+        let kernel = self.kernels.bound_for_rows(m);
         if m == 0 {
-            return Ok(());
+            return Ok(kernel.id());
         }
-        if m <= DENSE_GEMV_MAX_ROWS {
-            self.gemv(x, m, out)
+        let loops = match kernel {
+            BoundKernel::DensePortable => InnerLoops::Portable,
+            BoundKernel::DenseBf16GemvAvx2(t)
+            | BoundKernel::DenseBf16GemmAvx2(t)
+            | BoundKernel::DenseF32GemvAvx2(t)
+            | BoundKernel::DenseF32GemmAvx2(t) => InnerLoops::Avx2(t),
+            other => {
+                return Err(KernelError::new(KernelErrorKind::WrongFamily { kernel: other.id(), layer: "dense" }));
+            }
+        };
+        if m < self.kernels.choice().prefill_from {
+            self.gemv(loops, x, m, out)
         } else {
-            self.gemm(x, m, out)
+            self.gemm(loops, x, m, out)
         }
-        Ok(())
+        Ok(kernel.id())
     }
 
-    fn gemv(&self, x: &[f32], m: usize, out: &mut [f32]) {
+    fn gemv(&self, loops: InnerLoops, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.n, self.k);
         // Output channels in parallel; each task computes all m rows for its channel.
         let cols: Vec<f32> = (0..n)
@@ -118,7 +143,7 @@ impl DenseLinear {
             .with_min_len((65536 / k).max(1))
             .flat_map_iter(|col| {
                 let b = self.bias.as_ref().map_or(0.0, |b| b[col]);
-                (0..m).map(move |r| self.dot(&x[r * k..(r + 1) * k], col) + b)
+                (0..m).map(move |r| self.dot(loops, &x[r * k..(r + 1) * k], col) + b)
             })
             .collect();
         for col in 0..n {
@@ -128,9 +153,9 @@ impl DenseLinear {
         }
     }
 
-    fn dot(&self, xr: &[f32], col: usize) -> f32 {
+    fn dot(&self, loops: InnerLoops, xr: &[f32], col: usize) -> f32 {
         let k = self.k;
-        match (&self.weights, self.loops) {
+        match (&self.weights, loops) {
             (DenseWeights::F32(w), InnerLoops::Avx2(tok)) => dot_f32_avx2(tok, xr, &w[col * k..(col + 1) * k]),
             (DenseWeights::Bf16(w), InnerLoops::Avx2(tok)) => dot_bf16_avx2(tok, xr, &w[col * k..(col + 1) * k]),
             (DenseWeights::F32(w), InnerLoops::Portable) => {
@@ -142,7 +167,7 @@ impl DenseLinear {
         }
     }
 
-    fn gemm(&self, x: &[f32], m: usize, out: &mut [f32]) {
+    fn gemm(&self, loops: InnerLoops, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.n, self.k);
         let lanes = n.div_ceil(16);
         let mut tiles = vec![0.0f32; lanes * m * 16];
@@ -159,7 +184,7 @@ impl DenseLinear {
                 }
             }
         };
-        gemm::panel_gemm(self.loops, x, m, k, &mut tiles, &produce);
+        gemm::panel_gemm(loops, x, m, k, &mut tiles, &produce);
         let channels: Vec<[u32; 16]> = (0..lanes).map(|lg| std::array::from_fn(|j| (lg * 16 + j) as u32)).collect();
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
     }

@@ -105,7 +105,8 @@ impl Feature {
         Feature::ALL.into_iter().find(|f| f.name() == s.trim().to_ascii_lowercase())
     }
 
-    fn level(self) -> IsaLevel {
+    /// The ISA level the feature belongs to (what `INT4_ISA` caps it by).
+    pub fn level(self) -> IsaLevel {
         match self {
             Feature::Avx2 | Feature::Fma => IsaLevel::Avx2,
             Feature::AmxInt8 | Feature::AmxBf16 => IsaLevel::Amx,
@@ -139,11 +140,63 @@ impl Feature {
     }
 }
 
+/// A set of CPU features: what a kernel choice is made from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FeatureSet(u16);
+
+impl FeatureSet {
+    /// No feature: the portable kernels only.
+    pub const NONE: FeatureSet = FeatureSet(0);
+
+    /// Every feature [`Feature`] names.
+    pub fn all() -> Self {
+        Feature::ALL.into_iter().fold(FeatureSet::NONE, FeatureSet::with)
+    }
+
+    /// The features of the live CPU that `caps` allows: what this process may run.
+    pub fn live(caps: &IsaCaps) -> Self {
+        Feature::ALL.into_iter().filter(|&f| caps.usable(f)).fold(FeatureSet::NONE, FeatureSet::with)
+    }
+
+    /// The set with `feature` added.
+    pub fn with(self, feature: Feature) -> Self {
+        FeatureSet(self.0 | 1 << feature as u16)
+    }
+
+    /// The set with `feature` removed.
+    pub fn without(self, feature: Feature) -> Self {
+        FeatureSet(self.0 & !(1 << feature as u16))
+    }
+
+    /// Whether `feature` is in the set.
+    pub fn has(self, feature: Feature) -> bool {
+        self.0 & 1 << feature as u16 != 0
+    }
+
+    /// The features of this set at or below `level` (the set as `INT4_ISA=<level>` would leave it).
+    pub fn capped(self, level: IsaLevel) -> Self {
+        Feature::ALL.into_iter().filter(|f| self.has(*f) && f.level() <= level).fold(FeatureSet::NONE, FeatureSet::with)
+    }
+
+    /// The features of this set that `caps` allows (regardless of any CPU).
+    pub fn allowed_by(self, caps: &IsaCaps) -> Self {
+        Feature::ALL.into_iter().filter(|&f| self.has(f) && caps.allows(f)).fold(FeatureSet::NONE, FeatureSet::with)
+    }
+
+    pub(crate) fn avx2_fma(self) -> bool {
+        self.has(Feature::Avx2) && self.has(Feature::Fma)
+    }
+
+    pub(crate) fn avx512(self) -> bool {
+        self.avx2_fma() && self.has(Feature::Avx512)
+    }
+}
+
 /// A cap on what this process may use: a maximum level and a set of disabled features.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IsaCaps {
     max_level: IsaLevel,
-    disabled: Vec<Feature>,
+    disabled: FeatureSet,
 }
 
 /// A bad `INT4_ISA` or `INT4_DISABLE` value.
@@ -178,7 +231,7 @@ impl Default for IsaCaps {
 impl IsaCaps {
     /// No cap: everything the CPU has.
     pub fn unrestricted() -> Self {
-        IsaCaps { max_level: IsaLevel::Amx, disabled: Vec::new() }
+        IsaCaps { max_level: IsaLevel::Amx, disabled: FeatureSet::NONE }
     }
 
     /// Caps the level.
@@ -189,10 +242,18 @@ impl IsaCaps {
 
     /// Removes one feature.
     pub fn without(mut self, feature: Feature) -> Self {
-        if !self.disabled.contains(&feature) {
-            self.disabled.push(feature);
-        }
+        self.disabled = self.disabled.with(feature);
         self
+    }
+
+    /// The highest level allowed.
+    pub fn max_level(&self) -> IsaLevel {
+        self.max_level
+    }
+
+    /// The features removed one by one (`INT4_DISABLE`).
+    pub fn disabled(&self) -> FeatureSet {
+        self.disabled
     }
 
     /// Reads `INT4_ISA` and `INT4_DISABLE` (comma-separated).
@@ -229,7 +290,7 @@ impl IsaCaps {
 
     /// Whether the cap allows `feature` (regardless of the CPU).
     pub fn allows(&self, feature: Feature) -> bool {
-        feature.level() <= self.max_level && !self.disabled.contains(&feature)
+        feature.level() <= self.max_level && !self.disabled.has(feature)
     }
 
     /// Whether `feature` is both allowed and present on the live CPU.

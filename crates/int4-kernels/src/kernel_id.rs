@@ -1,6 +1,9 @@
-//! Names for the kernels, so a model can report which one ran each layer in each phase.
+//! Names for the kernels, so a model can report which one ran each layer in each phase, and a plan can
+//! record which one it expects.
 
 use std::fmt;
+
+use crate::isa::IsaLevel;
 
 /// One kernel variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,7 +52,90 @@ pub enum KernelId {
 }
 
 impl KernelId {
-    /// A stable, short name (used in reports and benchmark output).
+    /// Every kernel.
+    pub const ALL: [KernelId; 20] = [
+        KernelId::W4a16DecodeAvx2,
+        KernelId::W4a16DecodeAvx512,
+        KernelId::W4a16DecodeAvx512Bf16,
+        KernelId::W4a16DecodePortable,
+        KernelId::W4a16PrefillDirectAvx2,
+        KernelId::W4a16PrefillHalvesAvx2,
+        KernelId::W4a16PrefillDirectAvx512Bf16,
+        KernelId::W4a16PrefillHalvesAvx512Bf16,
+        KernelId::W4a16PrefillPortable,
+        KernelId::W4a16PrefillAmxBf16,
+        KernelId::Wna16Portable,
+        KernelId::DenseBf16GemvAvx2,
+        KernelId::DenseBf16GemmAvx2,
+        KernelId::DenseF32GemvAvx2,
+        KernelId::DenseF32GemmAvx2,
+        KernelId::DensePortable,
+        KernelId::W4a8Portable,
+        KernelId::W4a8Avx2,
+        KernelId::W4a8Vnni,
+        KernelId::W4a8Amx,
+    ];
+
+    /// The kernel called `name` ([`KernelId::name`]).
+    pub fn from_name(name: &str) -> Option<KernelId> {
+        KernelId::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The ISA level whose features the kernel needs.
+    pub fn level(self) -> IsaLevel {
+        match self.needs() {
+            "" => IsaLevel::Portable,
+            _ => match self {
+                KernelId::W4a16DecodeAvx2
+                | KernelId::W4a16PrefillDirectAvx2
+                | KernelId::W4a16PrefillHalvesAvx2
+                | KernelId::DenseBf16GemvAvx2
+                | KernelId::DenseBf16GemmAvx2
+                | KernelId::DenseF32GemvAvx2
+                | KernelId::DenseF32GemmAvx2
+                | KernelId::W4a8Avx2 => IsaLevel::Avx2,
+                KernelId::W4a16PrefillAmxBf16 | KernelId::W4a8Amx => IsaLevel::Amx,
+                _ => IsaLevel::Avx512,
+            },
+        }
+    }
+
+    /// What the kernel needs of the CPU and the process (empty for the portable kernels): its capability
+    /// token's checks, in words.
+    pub fn needs(self) -> &'static str {
+        match self {
+            KernelId::W4a16DecodePortable
+            | KernelId::W4a16PrefillPortable
+            | KernelId::Wna16Portable
+            | KernelId::DensePortable
+            | KernelId::W4a8Portable => "",
+            KernelId::W4a16DecodeAvx2
+            | KernelId::W4a16PrefillDirectAvx2
+            | KernelId::W4a16PrefillHalvesAvx2
+            | KernelId::DenseBf16GemvAvx2
+            | KernelId::DenseBf16GemmAvx2
+            | KernelId::DenseF32GemvAvx2
+            | KernelId::DenseF32GemmAvx2
+            | KernelId::W4a8Avx2 => "AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
+            KernelId::W4a16DecodeAvx512 => {
+                "AVX-512 F/BW/VL, AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)"
+            }
+            KernelId::W4a16DecodeAvx512Bf16
+            | KernelId::W4a16PrefillDirectAvx512Bf16
+            | KernelId::W4a16PrefillHalvesAvx512Bf16 => {
+                "AVX-512 F/BW/VL with AVX512-BF16, AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)"
+            }
+            KernelId::W4a8Vnni => "AVX-512 F/BW/VL with VNNI (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
+            KernelId::W4a8Amx => {
+                "AMX-INT8 usable in this process (CPUID AMX-TILE/AMX-INT8, XCR0 tile state, Linux's tile permission) and AVX-512 VNNI"
+            }
+            KernelId::W4a16PrefillAmxBf16 => {
+                "AMX-BF16 usable in this process (CPUID AMX-TILE/AMX-BF16, XCR0 tile state, Linux's tile permission) and AVX2 + FMA"
+            }
+        }
+    }
+
+    /// A stable, short name (used in reports, benchmark output, plans and artifact keys).
     pub fn name(self) -> &'static str {
         match self {
             KernelId::W4a16DecodeAvx2 => "w4a16-decode-avx2",
@@ -79,5 +165,36 @@ impl KernelId {
 impl fmt::Display for KernelId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// Serialised as its [`KernelId::name`], so a plan recorded in an artifact key reads as it prints.
+impl serde::Serialize for KernelId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KernelId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        KernelId::from_name(&name).ok_or_else(|| serde::de::Error::custom(format!("unknown kernel {name:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_round_trip() {
+        for k in KernelId::ALL {
+            assert_eq!(KernelId::from_name(k.name()), Some(k));
+            assert_eq!(k.needs().is_empty(), k.level() == IsaLevel::Portable, "{k}");
+        }
+        let mut names: Vec<&str> = KernelId::ALL.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), KernelId::ALL.len());
     }
 }

@@ -13,7 +13,7 @@ use int4_layout::{Codes, GroupParams, dequantize, rowmajor};
 use rayon::prelude::*;
 
 use crate::bytes::SharedBytes;
-use crate::error::{KernelError, KernelErrorKind, check_len};
+use crate::error::{KernelError, check_len};
 use crate::kernel_id::KernelId;
 
 /// W4A16 decode for one lane group (see [`crate::x86_64::avx2::decode_lane_group`]): `bytes` starts at the
@@ -108,9 +108,7 @@ impl Wna16Linear {
     pub fn new(row_major: SharedBytes, params: GroupParams, bias: Option<Vec<f32>>) -> Result<Self, KernelError> {
         let (n, k) = (params.n(), params.k());
         if !k.is_multiple_of(2) {
-            return Err(KernelError::new(KernelErrorKind::Layout(format!(
-                "row-major nibbles need an even K, got {k}"
-            ))));
+            return Err(KernelError::invalid(format!("row-major nibbles need an even K, got {k}")));
         }
         check_len("row-major nibbles", n * k / 2, row_major.len())?;
         if let Some(b) = &bias {
@@ -140,7 +138,7 @@ impl Wna16Linear {
     }
 
     /// `out[M][N] = x[M][K]·Wᵀ + bias`.
-    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
         let (n, k) = (self.n, self.k);
         check_len("activations", m * k, x.len())?;
         check_len("output", m * n, out.len())?;
@@ -178,7 +176,7 @@ impl Wna16Linear {
                 out[r * n + col] = cols[col * m + r];
             }
         }
-        Ok(())
+        Ok(KernelId::Wna16Portable)
     }
 }
 

@@ -23,9 +23,10 @@ use int4_layout::{Codes, GroupParams, GroupSize, halves};
 use rayon::prelude::*;
 
 use crate::bytes::SharedBytes;
+use crate::choice::{self, BoundKernel, BoundKernels, LayerSpec};
 use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::gemm::{self, InnerLoops};
-use crate::isa::{AmxBf16, Avx2Fma, Avx512, Avx512Bf16, IsaCaps, IsaLevel};
+use crate::isa::{Avx2Fma, Avx512, Avx512Bf16, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::portable;
 use crate::tile::{TileConfig, TileError, TileUnit};
@@ -251,10 +252,7 @@ impl W4A16Weights {
     /// The same values as the kernels' dequantization, [`int4_layout::dequantize`].
     pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {
         if row >= self.n {
-            return Err(KernelError::new(KernelErrorKind::Layout(format!(
-                "row {row} is outside the {} output channels",
-                self.n
-            ))));
+            return Err(KernelError::invalid(format!("row {row} is outside the {} output channels", self.n)));
         }
         check_len("row", self.k, out.len())?;
         let (lg, j) = self.channel_lane[row];
@@ -317,44 +315,76 @@ impl W4A16Weights {
     }
 }
 
-/// A W4A16 layer ready to run: weights, optional bias, configuration and the ISA it was built for.
+/// A W4A16 layer ready to run: weights, optional bias, configuration and its kernels, bound.
 #[derive(Clone, Debug)]
 pub struct W4A16Linear {
     weights: W4A16Weights,
     bias: Option<Vec<f32>>,
     config: W4A16Config,
-    loops: InnerLoops,
-    /// AMX-BF16 tiles for the direct prefill, where the CPU has them (decode stays on `loops`).
-    amx: Option<AmxBf16>,
-    /// The AVX-512 decode, where the CPU has it.
-    avx512: Option<Avx512>,
-    /// The `vdpbf16ps` prefill, where the CPU has AVX512-BF16 (else the prefill runs on `loops`).
-    bf16: Option<Avx512Bf16>,
+    kernels: BoundKernels,
 }
 
 impl W4A16Linear {
-    /// Builds the layer for the best ISA the process caps allow on this CPU.
-    pub fn new(weights: W4A16Weights, bias: Option<Vec<f32>>, config: W4A16Config) -> Result<Self, KernelError> {
-        Self::with_caps(weights, bias, config, IsaCaps::process())
+    /// What `weights` under `config` are, for [`crate::choice::choose`].
+    pub fn spec(weights: &W4A16Weights, config: W4A16Config) -> LayerSpec {
+        LayerSpec::W4a16 {
+            block: weights.block,
+            direct_dequant: config.direct_dequant,
+            prefill_from: config.dequant_threshold,
+        }
     }
 
-    /// Builds the layer for the best ISA `caps` allows on this CPU.
+    /// The layer on `kernels` (a [`KernelChoice`](crate::choice::KernelChoice) bound to this process).
+    /// Fails when they are not W4A16 kernels, disagree with `config` (its threshold, or split halves the
+    /// weights were built without), or read whole 64-channel blocks of a 32-channel layout.
+    pub fn new(
+        weights: W4A16Weights,
+        bias: Option<Vec<f32>>,
+        config: W4A16Config,
+        kernels: BoundKernels,
+    ) -> Result<Self, KernelError> {
+        if let Some(b) = &bias {
+            check_len("bias", weights.n, b.len())?;
+        }
+        kernels.expect_family("W4A16", |k| {
+            k.name().starts_with("w4a16-decode-") || k.name().starts_with("w4a16-prefill-")
+        })?;
+        let choice = kernels.choice();
+        if choice.prefill_from != config.dequant_threshold {
+            return Err(KernelError::invalid(format!(
+                "the kernels switch to prefill at {} rows, the configuration at {}",
+                choice.prefill_from, config.dequant_threshold
+            )));
+        }
+        let halves_kernel =
+            matches!(choice.prefill, KernelId::W4a16PrefillHalvesAvx2 | KernelId::W4a16PrefillHalvesAvx512Bf16);
+        if (halves_kernel || !config.direct_dequant) && weights.halves.is_none() {
+            return Err(KernelError::invalid(
+                "the prefill reads split halves (direct_dequant: false), which these weights were built without; \
+                 build the weights with direct_dequant = false",
+            ));
+        }
+        if choice.decode == KernelId::W4a16DecodeAvx512Bf16 && weights.block != TinygemmBlock::N64 {
+            return Err(KernelError::invalid(
+                "the vdpbf16ps decode reads whole 64-channel blocks; these weights are in 32-channel blocks",
+            ));
+        }
+        Ok(W4A16Linear { weights, bias, config, kernels })
+    }
+
+    /// The layer on the fastest kernels this process may run under `caps`.
     pub fn with_caps(
         weights: W4A16Weights,
         bias: Option<Vec<f32>>,
         config: W4A16Config,
         caps: &IsaCaps,
     ) -> Result<Self, KernelError> {
-        let loops = Avx2Fma::with_caps(caps).map_or(InnerLoops::Portable, InnerLoops::Avx2);
-        let mut layer = Self::build(weights, bias, config, loops)?;
-        layer.amx = AmxBf16::with_caps(caps);
-        layer.avx512 = Avx512::with_caps(caps);
-        layer.bf16 = Avx512Bf16::with_caps(caps);
-        Ok(layer)
+        let kernels = choice::best(Self::spec(&weights, config), caps)?;
+        Self::new(weights, bias, config, kernels)
     }
 
-    /// Builds the layer on the kernels of exactly `level`, or fails with a clear error naming what is
-    /// missing (the CPU lacks it, `caps` forbids it, or this build has no kernel for it). Never SIGILL.
+    /// The layer on the kernels of exactly `level` ([`choice::at_level`]), or a clear error naming what is
+    /// missing (the CPU lacks it, or `caps` forbids it). Never SIGILL.
     pub fn forced(
         weights: W4A16Weights,
         bias: Option<Vec<f32>>,
@@ -362,55 +392,8 @@ impl W4A16Linear {
         level: IsaLevel,
         caps: &IsaCaps,
     ) -> Result<Self, KernelError> {
-        let loops = match level {
-            IsaLevel::Portable => InnerLoops::Portable,
-            IsaLevel::Avx2 => {
-                InnerLoops::Avx2(Avx2Fma::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
-                    kernel: "w4a16-avx2",
-                    missing: "AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
-                }))?)
-            }
-            IsaLevel::Avx512 => {
-                let tok = Avx512::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
-                    kernel: "w4a16-decode-avx512",
-                    missing: "AVX-512 F/BW/VL, AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
-                }))?;
-                let mut layer = Self::build(weights, bias, config, InnerLoops::Avx2(tok.avx2()))?;
-                layer.avx512 = Some(tok);
-                // The bf16 prefill where the CPU (and the caps) have BF16; AVX-512 without it (or with
-                // `INT4_DISABLE=avx512bf16`) keeps the f32-FMA prefill.
-                layer.bf16 = Avx512Bf16::with_caps(caps);
-                return Ok(layer);
-            }
-            IsaLevel::Amx => {
-                let tok = AmxBf16::with_caps(caps).ok_or(KernelError::new(KernelErrorKind::Unavailable {
-                    kernel: "w4a16-prefill-amx-bf16",
-                    missing: "AMX-BF16 usable in this process (CPUID AMX-TILE/AMX-BF16, XCR0 tile state, Linux's tile permission) and AVX2 + FMA",
-                }))?;
-                let mut layer = Self::build(weights, bias, config, InnerLoops::Avx2(tok.avx2()))?;
-                layer.amx = Some(tok);
-                return Ok(layer);
-            }
-        };
-        Self::build(weights, bias, config, loops)
-    }
-
-    fn build(
-        weights: W4A16Weights,
-        bias: Option<Vec<f32>>,
-        config: W4A16Config,
-        loops: InnerLoops,
-    ) -> Result<Self, KernelError> {
-        if let Some(b) = &bias {
-            check_len("bias", weights.n, b.len())?;
-        }
-        if !config.direct_dequant && weights.halves.is_none() {
-            return Err(KernelError::new(KernelErrorKind::Layout(
-                "direct_dequant: false needs the split-halves planes; build the weights with direct_dequant = false"
-                    .into(),
-            )));
-        }
-        Ok(W4A16Linear { weights, bias, config, loops, amx: None, avx512: None, bf16: None })
+        let kernels = choice::at_level(Self::spec(&weights, config), level, caps)?;
+        Self::new(weights, bias, config, kernels)
     }
 
     /// The weights.
@@ -423,43 +406,32 @@ impl W4A16Linear {
         self.config
     }
 
-    /// The kernel `forward` runs for `m` rows.
-    pub fn kernel_for(&self, m: usize) -> KernelId {
-        if m >= self.config.dequant_threshold && self.config.direct_dequant && self.amx.is_some() {
-            return KernelId::W4a16PrefillAmxBf16;
-        }
-        if m < self.config.dequant_threshold && self.avx512.is_some() {
-            return if self.decode_bf16().is_some() {
-                KernelId::W4a16DecodeAvx512Bf16
-            } else {
-                KernelId::W4a16DecodeAvx512
-            };
-        }
-        if m >= self.config.dequant_threshold && self.bf16.is_some() {
-            return if self.config.direct_dequant {
-                KernelId::W4a16PrefillDirectAvx512Bf16
-            } else {
-                KernelId::W4a16PrefillHalvesAvx512Bf16
-            };
-        }
-        match (m >= self.config.dequant_threshold, self.loops, self.config.direct_dequant) {
-            (false, InnerLoops::Avx2(_), _) => KernelId::W4a16DecodeAvx2,
-            (false, InnerLoops::Portable, _) => KernelId::W4a16DecodePortable,
-            (true, InnerLoops::Avx2(_), true) => KernelId::W4a16PrefillDirectAvx2,
-            (true, InnerLoops::Avx2(_), false) => KernelId::W4a16PrefillHalvesAvx2,
-            (true, InnerLoops::Portable, _) => KernelId::W4a16PrefillPortable,
-        }
+    /// The kernels, bound.
+    pub fn kernels(&self) -> BoundKernels {
+        self.kernels
     }
 
-    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with bf16 activations.
-    pub fn forward_bf16(&self, x: &[bf16], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    /// The kernel `forward` runs for `m` rows.
+    pub fn kernel_for(&self, m: usize) -> KernelId {
+        self.kernels.for_rows(m)
+    }
+
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with bf16 activations; returns the kernel that ran.
+    pub fn forward_bf16(&self, x: &[bf16], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
         self.forward(&xf, m, out)
     }
 
-    /// `out[M][N] = x[M][K]·Wᵀ + bias`: decode below the threshold, prefill at or above it.
-    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        if m < self.config.dequant_threshold { self.decode(x, m, out) } else { self.prefill(x, m, out) }
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`: decode below the threshold, prefill at or above it. Returns the
+    /// kernel that ran: the bound kernel [`W4A16Linear::decode`] or [`W4A16Linear::prefill`] dispatched on.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
+        if m < self.kernels.choice().prefill_from {
+            self.decode(x, m, out)?;
+            Ok(self.kernels.decode().id())
+        } else {
+            self.prefill(x, m, out)?;
+            Ok(self.kernels.prefill().id())
+        }
     }
 
     /// Checks the operands' lengths for `m` rows; `false` when there are no rows to compute.
@@ -479,21 +451,24 @@ impl W4A16Linear {
         let g_len = w.group.len(k);
         let groups = w.group.groups(k);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
-        if let Some(tok) = self.avx512 {
-            // The bf16 kernel's operands: activation pairs rounded to bf16, and their group sums.
-            let bf16 = self.decode_bf16().map(|t| {
+        let loops = match self.kernels.decode() {
+            BoundKernel::W4a16DecodeAvx512Bf16(bt) => {
+                // The bf16 kernel's operands: activation pairs rounded to bf16, and their group sums.
                 let (pairs, sums) = bf16_pairs_and_sums(x, m, k, g_len);
-                (t, pairs, sums)
-            });
-            // The f32 kernel's group sums, unless the bf16 kernel takes every block (N a multiple of 64).
-            let xs =
-                if bf16.is_some() && n.is_multiple_of(64) { Vec::new() } else { portable::group_sums(x, m, k, g_len) };
-            let bf16 = bf16.as_ref().map(|(t, p, s)| (*t, &p[..], &s[..]));
-            self.decode_avx512(tok, bf16, x, m, &xs, &mut tiles);
-            let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
-            gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
-            return Ok(());
-        }
+                // The f32 kernel's group sums, unless the bf16 kernel takes every block (N a multiple of 64).
+                let xs = if n.is_multiple_of(64) { Vec::new() } else { portable::group_sums(x, m, k, g_len) };
+                self.decode_avx512(bt.avx512(), Some((bt, &pairs, &sums)), x, m, &xs, &mut tiles);
+                return self.finish(&tiles, m, out);
+            }
+            BoundKernel::W4a16DecodeAvx512(tok) => {
+                let xs = portable::group_sums(x, m, k, g_len);
+                self.decode_avx512(tok, None, x, m, &xs, &mut tiles);
+                return self.finish(&tiles, m, out);
+            }
+            BoundKernel::W4a16DecodeAvx2(tok) => InnerLoops::Avx2(tok),
+            BoundKernel::W4a16DecodePortable => InnerLoops::Portable,
+            other => return Err(wrong_family(other)),
+        };
         let xs = portable::group_sums(x, m, k, g_len);
         // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
         let min_lanes = (65536 / (16 * k)).max(1);
@@ -505,16 +480,33 @@ impl W4A16Linear {
                 let xr = &x[r0 * k..];
                 let xsr = &xs[r0 * groups..];
                 let t = &mut tile[r0 * 16..(r0 + mr) * 16];
-                match self.loops {
+                match loops {
                     InnerLoops::Avx2(tok) => decode_avx2(tok, mr, xr, k, xsr, lb, stride, sz, g_len, t),
                     InnerLoops::Portable => portable::decode_lane_group(mr, xr, k, xsr, lb, stride, sz, k, g_len, t),
                 }
                 r0 += mr;
             }
         });
-        let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
-        gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+        self.finish(&tiles, m, out)
+    }
+
+    /// Scatters the lane groups' tiles (`[lanes][m][16]`) to `out[m][n]`, adding the bias.
+    fn finish(&self, tiles: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let channels: Vec<[u32; 16]> = self.weights.lanes.iter().map(|l| l.channels).collect();
+        gemm::scatter(tiles, m, &channels, self.weights.n, self.bias.as_deref(), out);
         Ok(())
+    }
+
+    /// The inner loops that dequantize panels for the prefill kernel (its AVX2 + FMA where it has them).
+    fn prefill_loops(&self) -> InnerLoops {
+        match self.kernels.prefill() {
+            BoundKernel::W4a16PrefillAmxBf16(t) => InnerLoops::Avx2(t.avx2()),
+            BoundKernel::W4a16PrefillDirectAvx512Bf16(t) | BoundKernel::W4a16PrefillHalvesAvx512Bf16(t) => {
+                InnerLoops::Avx2(t.avx512().avx2())
+            }
+            BoundKernel::W4a16PrefillDirectAvx2(t) | BoundKernel::W4a16PrefillHalvesAvx2(t) => InnerLoops::Avx2(t),
+            _ => InnerLoops::Portable,
+        }
     }
 
     /// The AVX-512 decode into `tiles` (`[lanes][m][16]`), four lane groups per task: a full 64-channel
@@ -597,49 +589,61 @@ impl W4A16Linear {
         });
     }
 
-    /// The `vdpbf16ps` decode's token, when this layer runs it: AVX512-BF16 present, and 64-channel blocks
-    /// (the layout whose full blocks it reads).
-    fn decode_bf16(&self) -> Option<Avx512Bf16> {
-        self.bf16.filter(|_| self.avx512.is_some() && self.weights.block == TinygemmBlock::N64)
-    }
-
     /// Runs the prefill kernel for any `m` (the threshold is not consulted).
     pub fn prefill(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
         let w = &self.weights;
-        let (n, k) = (w.n, w.k);
+        let k = w.k;
         if !self.has_rows(x, m, out)? {
             return Ok(());
         }
-        #[cfg(target_arch = "x86_64")]
-        if let (Some(tok), true) = (self.amx, self.config.direct_dequant) {
-            return self.prefill_tiles(&|| crate::x86_64::amx::AmxTiles::for_bf16(tok), x, m, out);
-        }
+        let kernel = self.kernels.prefill();
+        let (direct, bf16) = match kernel {
+            #[cfg(target_arch = "x86_64")]
+            BoundKernel::W4a16PrefillAmxBf16(tok) => {
+                return self.prefill_tiles(&|| crate::x86_64::amx::AmxTiles::for_bf16(tok), x, m, out);
+            }
+            BoundKernel::W4a16PrefillDirectAvx512Bf16(t) => (true, Some(t)),
+            BoundKernel::W4a16PrefillHalvesAvx512Bf16(t) => (false, Some(t)),
+            BoundKernel::W4a16PrefillDirectAvx2(_) => (true, None),
+            BoundKernel::W4a16PrefillHalvesAvx2(_) => (false, None),
+            // The portable prefill reads what the configuration keeps.
+            BoundKernel::W4a16PrefillPortable => (self.config.direct_dequant, None),
+            other => return Err(wrong_family(other)),
+        };
         let g_len = w.group.len(k);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
-        let loops = self.loops;
-        let direct = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
+        let loops = self.prefill_loops();
+        let from_packed = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
             let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
             match loops {
                 InnerLoops::Avx2(tok) => dequant_panel_avx2(tok, lb, stride, sz, k0, k1, g_len, panel),
                 InnerLoops::Portable => portable::dequant_panel(lb, stride, sz, k0, k1, g_len, panel),
             }
         };
+        let halves = match (&w.halves, direct) {
+            (Some(h), false) => Some(h),
+            (None, false) => return Err(KernelError::invalid("the split-halves prefill needs the split halves")),
+            (_, true) => None,
+        };
         let from_halves = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
-            if let Some(h) = &w.halves {
+            if let Some(h) = halves {
                 halves_panel(h, w, lg, k0, k1, panel)
             }
         };
-        let produce: &gemm::PanelProducer<'_> =
-            if self.config.direct_dequant || w.halves.is_none() { &direct } else { &from_halves };
-        match self.bf16 {
+        let produce: &gemm::PanelProducer<'_> = if direct { &from_packed } else { &from_halves };
+        match bf16 {
             // The same exact f32 panels, rounded to bf16 pairs, against bf16 activations.
             Some(tok) => gemm::panel_gemm_bf16(tok, &gemm::bf16_rows(tok, x, m, k), m, k, &mut tiles, produce),
             None => gemm::panel_gemm(loops, x, m, k, &mut tiles, produce),
         }
-        let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
-        gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
-        Ok(())
+        self.finish(&tiles, m, out)
     }
+}
+
+/// The error for a kernel a W4A16 layer was built without: unreachable through [`W4A16Linear::new`],
+/// which checks the family, but an error rather than a panic.
+fn wrong_family(k: BoundKernel) -> KernelError {
+    KernelError::new(KernelErrorKind::WrongFamily { kernel: k.id(), layer: "W4A16" })
 }
 
 impl W4A16Linear {
@@ -674,7 +678,7 @@ impl W4A16Linear {
                 d.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
             }
         }
-        let loops = self.loops;
+        let loops = self.prefill_loops();
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
         tiles
             .par_chunks_mut(m * 16)
@@ -699,7 +703,7 @@ impl W4A16Linear {
                 unit.release();
                 result
             })
-            .map_err(|e: TileError| KernelError::new(KernelErrorKind::Layout(format!("tile unit: {e}"))))?;
+            .map_err(KernelError::from)?;
         let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
         Ok(())

@@ -8,6 +8,7 @@
 mod common;
 
 use common::Rng;
+use int4_kernels::choice::{self, BoundKernels};
 use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::reference;
 use int4_kernels::tile::{TileConfig, TileEmulator, TileError, TileUnit};
@@ -32,11 +33,11 @@ const LEVELS: [(IsaLevel, &str); 4] = [
 
 /// The W4A8 kernels this process can run; the rest are reported as skipped (a failure under
 /// `INT4_TEST_EVERYTHING=1`).
-fn runnable_kernels(test: &str) -> Vec<(W4A8Kernel, &'static str)> {
+fn runnable_kernels(test: &str) -> Vec<(BoundKernels, &'static str)> {
     let everything = std::env::var("INT4_TEST_EVERYTHING").is_ok_and(|v| v == "1");
     let mut out = Vec::new();
     for (level, name) in LEVELS {
-        match W4A8Kernel::at_level(level, IsaCaps::process()) {
+        match choice::at_level(W4A8Kernel::spec(), level, IsaCaps::process()) {
             Ok(k) => out.push((k, name)),
             Err(e) => {
                 let msg = format!("{test}: SKIPPED w4a8 variant {name} ({e})");
@@ -190,7 +191,7 @@ fn every_kernel_is_bit_exact_against_the_reference() {
                 };
                 for &(kernel, name) in &kernels {
                     let mut out = vec![f32::NAN; m * n];
-                    gemm(kernel, &a, &packed, b, &mut out).unwrap();
+                    gemm(W4A8Kernel::for_rows(&kernel, a.m).unwrap(), &a, &packed, b, &mut out).unwrap();
                     check(name, &out);
                 }
                 let mut out = vec![f32::NAN; m * n];
@@ -214,7 +215,7 @@ fn results_do_not_depend_on_the_thread_count() {
         let run = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             pool.install(|| {
-                let l = W4A8Linear::with_kernel(packed.clone(), None, kernel).unwrap();
+                let l = W4A8Linear::with_kernels(packed.clone(), None, kernel).unwrap();
                 let mut out = vec![0.0; m * n];
                 l.forward(&x, m, &mut out).unwrap();
                 out
@@ -343,18 +344,18 @@ fn packing_checks_its_inputs_and_round_trips() {
 fn a_forced_kernel_the_cpu_lacks_is_an_error() {
     let portable = IsaCaps::unrestricted().with_max_level(IsaLevel::Portable);
     for level in [IsaLevel::Avx2, IsaLevel::Avx512, IsaLevel::Amx] {
-        let e = W4A8Kernel::at_level(level, &portable).unwrap_err();
+        let e = choice::at_level(W4A8Kernel::spec(), level, &portable).unwrap_err();
         assert!(matches!(e.kind(), KernelErrorKind::Unavailable { .. }), "{e}");
     }
-    assert_eq!(W4A8Kernel::best(&portable).id_for(1), KernelId::W4a8Portable);
+    assert_eq!(choice::best(W4A8Kernel::spec(), &portable).unwrap().for_rows(1), KernelId::W4a8Portable);
     // The AMX kernel is only built from a live check of this CPU.
-    let amx = W4A8Kernel::at_level(IsaLevel::Amx, &IsaCaps::unrestricted());
+    let amx = choice::at_level(W4A8Kernel::spec(), IsaLevel::Amx, &IsaCaps::unrestricted());
     assert_eq!(
         amx.is_ok(),
         int4_kernels::isa::Feature::AmxInt8.detected() && int4_kernels::isa::Avx512Vnni::new().is_some()
     );
     if let Ok(k) = amx {
-        assert_eq!((k.id_for(15), k.id_for(16)), (KernelId::W4a8Vnni, KernelId::W4a8Amx));
+        assert_eq!((k.for_rows(15), k.for_rows(16)), (KernelId::W4a8Vnni, KernelId::W4a8Amx));
     }
 }
 
@@ -378,15 +379,11 @@ fn every_isa_cap_dispatches_to_the_best_kernel_it_allows_bit_exactly() {
     let vnni = detected(Feature::Avx2) && detected(Feature::Avx512) && detected(Feature::Avx512Vnni);
     let amx = vnni && int4_kernels::isa::Feature::AmxInt8.detected();
     let matrix = [
-        ("portable", live.clone().with_max_level(IsaLevel::Portable), KernelId::W4a8Portable),
-        ("avx2", live.clone().with_max_level(IsaLevel::Avx2), KernelId::W4a8Avx2),
-        (
-            "avx512 without vnni",
-            live.clone().with_max_level(IsaLevel::Avx512).without(Feature::Avx512Vnni),
-            KernelId::W4a8Avx2,
-        ),
-        ("avx512", live.clone().with_max_level(IsaLevel::Avx512), KernelId::W4a8Vnni),
-        ("no cap", live.clone(), KernelId::W4a8Amx),
+        ("portable", live.with_max_level(IsaLevel::Portable), KernelId::W4a8Portable),
+        ("avx2", live.with_max_level(IsaLevel::Avx2), KernelId::W4a8Avx2),
+        ("avx512 without vnni", live.with_max_level(IsaLevel::Avx512).without(Feature::Avx512Vnni), KernelId::W4a8Avx2),
+        ("avx512", live.with_max_level(IsaLevel::Avx512), KernelId::W4a8Vnni),
+        ("no cap", live, KernelId::W4a8Amx),
     ];
     for (name, caps, ceiling) in matrix {
         // The fastest kernel at or below the cap's ceiling that this CPU has.
@@ -398,10 +395,10 @@ fn every_isa_cap_dispatches_to_the_best_kernel_it_allows_bit_exactly() {
             _ => true,
         };
         let expected = ladder.into_iter().skip_while(|&id| id != ceiling).find(|&id| has(id)).unwrap();
-        let kernel = W4A8Kernel::best(&caps);
-        assert_eq!(kernel.id_for(m), expected, "cap {name}");
+        let kernel = choice::best(W4A8Kernel::spec(), &caps).unwrap();
+        assert_eq!(kernel.for_rows(m), expected, "cap {name}");
         let mut out = vec![f32::NAN; m * n];
-        W4A8Linear::with_kernel(packed.clone(), Some(bias.clone()), kernel).unwrap().forward(&x, m, &mut out).unwrap();
+        W4A8Linear::with_kernels(packed.clone(), Some(bias.clone()), kernel).unwrap().forward(&x, m, &mut out).unwrap();
         assert!(out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "cap {name}: {expected:?} differs");
         eprintln!("cap {name}: {}", expected.name());
     }
@@ -609,7 +606,7 @@ fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
                 assert!((f64::from(got) - exact).abs() <= budget, "N={n} M={m} output {i}: {got} vs {exact}");
             }
             for &(kernel, name) in &kernels {
-                let l = Int8Linear::with_kernel(weights.clone(), Some(bias.clone()), kernel).unwrap();
+                let l = Int8Linear::with_kernels(weights.clone(), Some(bias.clone()), kernel).unwrap();
                 let mut out = vec![f32::NAN; m * n];
                 l.forward(&x, m, &mut out).unwrap();
                 assert!(

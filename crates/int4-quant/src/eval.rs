@@ -54,7 +54,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use int4::{Engine, HeadBits, Model, Numerics, RunPath, argmax};
+use int4::{Engine, HeadBits, Model, Numerics, argmax};
 
 /// The `schema` field of an [`EvalReport`].
 pub const SCHEMA: &str = "int4-eval/1";
@@ -129,15 +129,10 @@ pub enum EvalError {
         /// The first token index that differs.
         position: usize,
     },
-    /// A path name that is not one of `auto`, `w4a16`, `wna16`, `w4a8`, `bf16`, `f32`.
-    UnknownPath {
-        /// The name given.
-        name: String,
-    },
-    /// A reference path that is not exact (`bf16` or `f32`): a 4-bit reference would measure nothing.
+    /// A reference that is not exact (f32 or bf16 weights): a 4-bit reference would measure nothing.
     InexactReference {
-        /// The name given.
-        name: String,
+        /// What the reference runs ([`numerics_label`]).
+        numerics: String,
     },
     /// A model produced a NaN or infinite logit.
     NonFiniteLogits {
@@ -195,11 +190,8 @@ impl fmt::Display for EvalError {
                 "{document}: the evaluated model and the reference tokenize the text differently (first at token \
                  {position}): compare models that share a tokenizer"
             ),
-            EvalError::UnknownPath { name } => {
-                write!(f, "unknown path `{name}`: expected auto, w4a16, wna16, w4a8, bf16 or f32")
-            }
-            EvalError::InexactReference { name } => {
-                write!(f, "reference path `{name}`: the reference must be exact, bf16 or f32")
+            EvalError::InexactReference { numerics } => {
+                write!(f, "the reference runs {numerics}: it must be exact, bf16 or f32")
             }
             EvalError::NonFiniteLogits { model, window, position } => {
                 write!(f, "the {model} model produced a non-finite logit (window {window}, position {position})")
@@ -225,27 +217,6 @@ impl From<int4::Error> for EvalError {
     }
 }
 
-/// Parses a path name as the CLI spells it: `auto`, `w4a16`, `wna16`, `w4a8`, `bf16` or `f32`.
-pub fn parse_path(name: &str) -> Result<RunPath, EvalError> {
-    Ok(match name.to_ascii_lowercase().as_str() {
-        "auto" => RunPath::Auto,
-        "w4a16" => RunPath::W4a16,
-        "wna16" => RunPath::Wna16,
-        "w4a8" => RunPath::W4a8,
-        "bf16" => RunPath::Bf16,
-        "f32" => RunPath::F32,
-        _ => return Err(EvalError::UnknownPath { name: name.to_string() }),
-    })
-}
-
-/// Parses a reference path: `bf16` or `f32` (an exact one).
-pub fn parse_reference(name: &str) -> Result<RunPath, EvalError> {
-    match parse_path(name)? {
-        p @ (RunPath::Bf16 | RunPath::F32) => Ok(p),
-        _ => Err(EvalError::InexactReference { name: name.to_string() }),
-    }
-}
-
 /// What ran, in words: `f32`, `bf16`, `w4a16 g32`, `wna16 g128`, `w4a8 g32 (per-group activation scales)`.
 pub fn numerics_label(n: Numerics) -> String {
     let g = |g: int4::layout::GroupSize| match g.to_checkpoint() {
@@ -253,10 +224,10 @@ pub fn numerics_label(n: Numerics) -> String {
         v => format!("g{v}"),
     };
     match n {
-        Numerics::F32 => "f32".into(),
-        Numerics::Bf16 => "bf16".into(),
+        Numerics::F32 { .. } => "f32".into(),
+        Numerics::Bf16 { .. } => "bf16".into(),
         Numerics::W4a16 { group, .. } => format!("w4a16 {}", g(group)),
-        Numerics::Wna16 { group } => format!("wna16 {}", g(group)),
+        Numerics::Wna16 { group, .. } => format!("wna16 {}", g(group)),
         Numerics::W4a8 { group, activations, head, .. } => {
             let head = if head == HeadBits::Eight { ", 8-bit head" } else { "" };
             format!("w4a8 {} ({} activation scales{head})", g(group), activations.name())
@@ -566,6 +537,9 @@ pub fn evaluate_from(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<EvalReport, EvalError> {
     check_models(&path.model, &reference.model, ctx)?;
+    if !matches!(reference.model.numerics(), Numerics::F32 { .. } | Numerics::Bf16 { .. }) {
+        return Err(EvalError::InexactReference { numerics: numerics_label(reference.model.numerics()) });
+    }
     if score_from + 1 >= ctx {
         return Err(EvalError::ScoreFromTooLarge { score_from, ctx });
     }
@@ -684,11 +658,7 @@ mod tests {
     }
 
     #[test]
-    fn paths_parse() {
-        assert_eq!(parse_path("W4A8").unwrap(), RunPath::W4a8);
-        assert!(matches!(parse_path("int3"), Err(EvalError::UnknownPath { .. })));
-        assert_eq!(parse_reference("bf16").unwrap(), RunPath::Bf16);
-        assert!(matches!(parse_reference("w4a16"), Err(EvalError::InexactReference { .. })));
+    fn contexts_are_checked() {
         assert!(matches!(check_ctx(0), Err(EvalError::ContextTooSmall { ctx: 0 })));
         assert!(matches!(check_ctx(1), Err(EvalError::ContextTooSmall { ctx: 1 })));
         assert!(check_ctx(2).is_ok());

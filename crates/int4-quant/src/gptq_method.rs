@@ -46,6 +46,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use int4_kernels::dense::{DenseLinear, DenseWeights};
+use int4_kernels::isa::IsaCaps;
 use int4_layout::grid::{self, ASYMMETRIC_SHRINKS, ParamPrecision, ScaleSearch};
 use int4_layout::{GroupSize, LayoutError, dequantize};
 use rayon::prelude::*;
@@ -377,7 +378,7 @@ impl Hessian {
         let mut prod = vec![0.0f32; k * k];
         let dense = DenseLinear::new(k, m, DenseWeights::F32(xt.clone()), None);
         match dense.and_then(|d| d.forward(&xt, k, &mut prod)) {
-            Ok(()) => {
+            Ok(_) => {
                 for (s, &p) in self.sum.iter_mut().zip(&prod) {
                     *s += f64::from(p);
                 }
@@ -875,7 +876,7 @@ pub(crate) fn calibrate(
 ) -> Result<(HashMap<String, Solved>, CalibrationReport), GptqError> {
     let started = Instant::now();
     let model_err = |e: int4::Error| GptqError::Model(e.to_string());
-    let mut model = Model::load(cfg.clone(), ckpt, Numerics::F32, None, None).map_err(model_err)?;
+    let mut model = Model::load(cfg.clone(), ckpt, Numerics::f32(IsaCaps::process()), None, None).map_err(model_err)?;
     let specs = linear_specs(cfg, ckpt);
     let mut cache = model.kv_cache(opts.seq_len, usize::MAX).map_err(model_err)?;
     let slots = [LinearSlot::Qkv, LinearSlot::O, LinearSlot::GateUp, LinearSlot::Down];

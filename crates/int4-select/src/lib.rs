@@ -10,15 +10,16 @@
 //!   live CPU themselves, so a fake profile can make a plan that fails to build with a clear error, never one
 //!   that executes an instruction the CPU lacks.
 //!
-//! The unsafe code (reading XCR0, `arch_prctl`) is confined to one small module, each call argued.
+//! The crate has no unsafe code: XCR0 and Linux's AMX permission are read through `int4_kernels::os`, the
+//! one module that reads them for the kernels' capability tokens too.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod policy;
 pub mod probe;
 pub mod snapshot;
-mod sys;
 
-pub use policy::{CheckpointKind, Overrides, PathChoice, Plan, PolicyError, Priority, plan};
+pub use policy::{CheckpointKind, Overrides, Plan, PolicyError, Priority, RunPath, Rung, plan};
 pub use snapshot::{AmxPermission, CpuSnapshot, Usable};
 
 /// A profile that could not be loaded.

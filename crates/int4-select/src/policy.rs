@@ -14,14 +14,20 @@
 //! 6. `w4a16-avx2` — AVX2 + FMA: decode GEMV and dequantizing FMA prefill.
 //! 7. `wna16-portable` — anything, including other architectures.
 //!
-//! Rung 2 decodes with the AVX2 kernel and prefills
-//! on AMX-BF16 tiles (`direct_dequant: false` keeps the AVX2 split-halves prefill). Automatically, W4A8 is
-//! chosen for GPTQ checkpoints (integer zero points): a `cpu_int4` checkpoint is a W4A16 export and stays
-//! W4A16. Forced (`--path w4a8`), W4A8 takes any checkpoint: `cpu_int4`'s float zeros run as the kernels'
-//! float offsets, and an unquantized checkpoint is quantized at load on the same float-zero grid as W4A16.
+//! A rung decides *whether* a family of kernels may run here (and says why not); the kernels themselves
+//! come from [`int4_kernels::choice::choose`] on the snapshot's features under the caps, the same function
+//! the layers call on the live CPU, so the plan names the kernels a layer will bind. Rung 2 prefills on
+//! AMX-BF16 tiles and decodes with the best W4A16 decode the CPU has (`direct_dequant: false` keeps the
+//! split-halves prefill). Automatically, W4A8 is chosen for GPTQ checkpoints only (integer zero points,
+//! quantized for int8 activations); an unquantized or `cpu_int4` checkpoint stays on W4A16, whose bf16
+//! activations keep more of the model (docs/policy.md). Forced (`--path w4a8`), W4A8 takes any
+//! checkpoint: float zeros run as the kernels' float offsets, and an unquantized checkpoint is quantized
+//! at load on the same float-zero grid as W4A16.
 
 use int4_kernels::KernelId;
-use int4_kernels::isa::IsaLevel;
+use int4_kernels::choice::{KernelChoice, LayerSpec, choose};
+use int4_kernels::isa::{IsaCaps, IsaLevel};
+use int4_layout::tinygemm::TinygemmBlock;
 use serde::{Deserialize, Serialize};
 
 use crate::snapshot::{AmxPermission, CpuSnapshot};
@@ -60,30 +66,83 @@ pub enum Priority {
     Fidelity,
 }
 
-/// A path the user may force.
+/// Which numerics to run: the policy's choice, or a path the user forces. The one type for this noun, in
+/// the library, the command line (`--path`, `--ref`) and `int4 eval`; parsed from and printed as its name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum PathChoice {
-    /// Let the policy choose.
+pub enum RunPath {
+    /// What the policy picks for this machine and checkpoint.
     Auto,
-    /// 4-bit weights, bf16 activations.
+    /// 4-bit weights, tinygemm kernels, bf16 (or f32) activations.
     W4a16,
-    /// 4-bit weights, int8 activations.
-    W4a8,
-    /// The portable fallback.
+    /// 4-bit weights, the portable fallback over row-major codes.
     Wna16,
-    /// Unquantized bf16 weights.
+    /// 4-bit weights, int8 activations (fastest, less faithful).
+    W4a8,
+    /// Unquantized weights as bf16.
     Bf16,
+    /// Unquantized weights as f32 (the reference).
+    F32,
+}
+
+impl RunPath {
+    /// Every path, in the order `--help` lists them.
+    pub const ALL: [RunPath; 6] =
+        [RunPath::Auto, RunPath::W4a16, RunPath::Wna16, RunPath::W4a8, RunPath::Bf16, RunPath::F32];
+
+    /// The name it is parsed from and printed as.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunPath::Auto => "auto",
+            RunPath::W4a16 => "w4a16",
+            RunPath::Wna16 => "wna16",
+            RunPath::W4a8 => "w4a8",
+            RunPath::Bf16 => "bf16",
+            RunPath::F32 => "f32",
+        }
+    }
+
+    /// Whether the path runs the weights unquantized (a reference for fidelity).
+    pub fn is_exact(self) -> bool {
+        matches!(self, RunPath::Bf16 | RunPath::F32)
+    }
+}
+
+impl std::fmt::Display for RunPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A path name that is not one of [`RunPath::ALL`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownPath(pub String);
+
+impl std::fmt::Display for UnknownPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = RunPath::ALL.iter().map(|p| p.name()).collect();
+        write!(f, "unknown path {:?} (one of {})", self.0, names.join(", "))
+    }
+}
+
+impl std::error::Error for UnknownPath {}
+
+impl std::str::FromStr for RunPath {
+    type Err = UnknownPath;
+
+    fn from_str(s: &str) -> Result<Self, UnknownPath> {
+        RunPath::ALL.into_iter().find(|p| p.name() == s.trim()).ok_or_else(|| UnknownPath(s.to_string()))
+    }
 }
 
 /// User and checkpoint overrides. Precedence for `dequant_threshold` and `direct_dequant`: the checkpoint's
 /// key, then the plan's measured value, then the crate default.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     /// A forced path.
-    pub path: PathChoice,
-    /// An ISA cap (`INT4_ISA`).
-    pub isa_cap: Option<IsaLevel>,
+    pub path: RunPath,
+    /// What the process may use (`INT4_ISA`, `INT4_DISABLE`): the plan takes nothing it forbids.
+    pub caps: IsaCaps,
     /// The checkpoint's `dequant_threshold`, if it has one.
     pub dequant_threshold: Option<usize>,
     /// The checkpoint's `direct_dequant`, if it has one.
@@ -92,7 +151,7 @@ pub struct Overrides {
 
 impl Default for Overrides {
     fn default() -> Self {
-        Overrides { path: PathChoice::Auto, isa_cap: None, dequant_threshold: None, direct_dequant: None }
+        Overrides { path: RunPath::Auto, caps: IsaCaps::unrestricted(), dequant_threshold: None, direct_dequant: None }
     }
 }
 
@@ -110,22 +169,93 @@ pub enum PackedLayout {
     Bf16,
     /// 4-bit codes in VNNI quad pairs per 16 channels, integer zero points (the W4A8 kernels).
     W4a8Vnni,
+    /// Unquantized f32.
+    F32,
 }
 
 /// One phase's kernel.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelPlan {
-    /// The kernel's name ([`KernelId::name`]).
-    pub kernel: String,
+    /// The kernel (serialised as its name).
+    pub kernel: KernelId,
     /// The ISA level it needs.
     pub isa: IsaLevel,
+}
+
+impl KernelPlan {
+    fn of(kernel: KernelId) -> Self {
+        KernelPlan { kernel, isa: kernel.level() }
+    }
+}
+
+/// A rung of the ladder: a kernel family at an ISA level (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Rung {
+    /// W4A8 on AMX tiles, VNNI for decode.
+    #[serde(rename = "w4a8-amx")]
+    W4a8Amx,
+    /// W4A16 prefill on AMX-BF16 tiles.
+    #[serde(rename = "w4a16-amx-bf16")]
+    W4a16AmxBf16,
+    /// W4A8 on AVX-512 VNNI.
+    #[serde(rename = "w4a8-vnni")]
+    W4a8Vnni,
+    /// W4A16 on AVX-512 (with AVX512-BF16 where present).
+    #[serde(rename = "w4a16-avx512")]
+    W4a16Avx512,
+    /// W4A8 on AVX2.
+    #[serde(rename = "w4a8-avx2")]
+    W4a8Avx2,
+    /// W4A16 on AVX2 + FMA.
+    #[serde(rename = "w4a16-avx2")]
+    W4a16Avx2,
+    /// W4A8's portable kernels (forced paths only).
+    #[serde(rename = "w4a8-portable")]
+    W4a8Portable,
+    /// W4A16's portable kernels (forced paths only).
+    #[serde(rename = "w4a16-portable")]
+    W4a16Portable,
+    /// The portable wna16 fallback.
+    #[serde(rename = "wna16-portable")]
+    Wna16Portable,
+    /// Unquantized weights as bf16, on the dense kernels.
+    #[serde(rename = "bf16")]
+    Bf16,
+    /// Unquantized weights as f32, on the dense kernels.
+    #[serde(rename = "f32")]
+    F32,
+}
+
+impl Rung {
+    /// The rung's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rung::W4a8Amx => "w4a8-amx",
+            Rung::W4a16AmxBf16 => "w4a16-amx-bf16",
+            Rung::W4a8Vnni => "w4a8-vnni",
+            Rung::W4a16Avx512 => "w4a16-avx512",
+            Rung::W4a8Avx2 => "w4a8-avx2",
+            Rung::W4a16Avx2 => "w4a16-avx2",
+            Rung::W4a8Portable => "w4a8-portable",
+            Rung::W4a16Portable => "w4a16-portable",
+            Rung::Wna16Portable => "wna16-portable",
+            Rung::Bf16 => "bf16",
+            Rung::F32 => "f32",
+        }
+    }
+}
+
+impl std::fmt::Display for Rung {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// A path that was not taken, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejection {
-    /// The path's name.
-    pub path: String,
+    /// The rung.
+    pub path: Rung,
     /// Why not.
     pub why: String,
 }
@@ -133,8 +263,8 @@ pub struct Rejection {
 /// The policy's decision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
-    /// The path's name (a rung of the ladder).
-    pub path: String,
+    /// The rung of the ladder taken.
+    pub path: Rung,
     /// Kernel for decode (M below the threshold).
     pub decode: KernelPlan,
     /// Kernel for prefill (M at or above the threshold).
@@ -149,11 +279,18 @@ pub struct Plan {
     pub rejected: Vec<Rejection>,
 }
 
+impl Plan {
+    /// The kernels as a choice a layer binds ([`KernelChoice::bind`]).
+    pub fn kernels(&self) -> KernelChoice {
+        KernelChoice { decode: self.decode.kernel, prefill: self.prefill.kernel, prefill_from: self.dequant_threshold }
+    }
+}
+
 /// A forced path this machine or build cannot run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyError {
     /// The path asked for.
-    pub path: String,
+    pub path: RunPath,
     /// What is missing.
     pub missing: String,
 }
@@ -166,18 +303,48 @@ impl std::fmt::Display for PolicyError {
 
 impl std::error::Error for PolicyError {}
 
-struct Rung {
-    name: &'static str,
+/// The kernels a rung runs: its family, the layout it packs and the ISA level it stands for.
+#[derive(Clone, Copy)]
+enum Family {
+    W4a16(TinygemmBlock),
+    W4a8,
+    Wna16,
+}
+
+struct Step {
+    rung: Rung,
     /// `Err(reason)` when this machine/checkpoint/priority rules the rung out.
     check: fn(&CpuSnapshot, CheckpointKind, Priority) -> Result<(), String>,
     level: IsaLevel,
-    /// `None` when this build has no kernels for the rung.
-    kernels: Option<(KernelId, KernelId, PackedLayout)>,
-    is_w4a8: bool,
+    family: Family,
     /// Taken only when its path is forced: the portable kernels of a SIMD layout, so `--path w4a16|w4a8`
     /// still runs its numerics (slowly, bit-identical for W4A8) on a CPU or under a cap without AVX2,
     /// while the automatic choice falls back to `wna16-portable`.
     forced_only: bool,
+}
+
+impl Step {
+    fn is_w4a8(&self) -> bool {
+        matches!(self.family, Family::W4a8)
+    }
+
+    fn layout(&self) -> PackedLayout {
+        match self.family {
+            Family::W4a16(TinygemmBlock::N64) => PackedLayout::Tinygemm64,
+            Family::W4a16(TinygemmBlock::N32) => PackedLayout::Tinygemm32,
+            Family::W4a8 => PackedLayout::W4a8Vnni,
+            Family::Wna16 => PackedLayout::RowMajor,
+        }
+    }
+
+    fn spec(&self, direct_dequant: bool, threshold: usize) -> LayerSpec {
+        match self.family {
+            Family::W4a16(block) => LayerSpec::W4a16 { block, direct_dequant, prefill_from: threshold },
+            // The AMX kernel raises it to a full tile of rows ([`choose`]).
+            Family::W4a8 => LayerSpec::W4a8 { prefill_from: threshold },
+            Family::Wna16 => LayerSpec::Wna16 { prefill_from: threshold },
+        }
+    }
 }
 
 fn amx_reason(s: &CpuSnapshot, need_int8: bool) -> Result<(), String> {
@@ -227,7 +394,9 @@ fn w4a8_gate(kind: CheckpointKind, prio: Priority) -> Result<(), String> {
                 "cpu_int4 is a W4A16 export, kept on W4A16 unless forced (`--path w4a8` runs its float zeros as offsets)"
                     .into()
             }
-            _ => "W4A8 needs integer zero points: a GPTQ checkpoint, or `--path w4a8` to quantize at load".into(),
+            _ => "an unquantized checkpoint is quantized at load for W4A16 unless W4A8 is forced (`--path w4a8`): \
+                  W4A8 is taken automatically only for checkpoints quantized with integer zero points (GPTQ)"
+                .into(),
         });
     }
     Ok(())
@@ -243,151 +412,115 @@ fn avx2_reason(s: &CpuSnapshot) -> Result<(), String> {
     if !s.os.avx_state { Err("AVX present but the OS has not enabled its state in XCR0".into()) } else { Ok(()) }
 }
 
-const LADDER: [Rung; 9] = [
-    Rung {
-        name: "w4a8-amx",
+const LADDER: [Step; 9] = [
+    Step {
+        rung: Rung::W4a8Amx,
         check: |s, k, p| {
             w4a8_gate(k, p)?;
             amx_reason(s, true)?;
             if !s.cpu.avx512vnni { Err("CPU lacks AVX-512 VNNI for the decode kernel".into()) } else { Ok(()) }
         },
         level: IsaLevel::Amx,
-        kernels: Some((KernelId::W4a8Vnni, KernelId::W4a8Amx, PackedLayout::W4a8Vnni)),
-        is_w4a8: true,
+        family: Family::W4a8,
         forced_only: false,
     },
-    Rung {
-        name: "w4a16-amx-bf16",
+    Step {
+        rung: Rung::W4a16AmxBf16,
         check: |s, _, _| amx_reason(s, false),
         level: IsaLevel::Amx,
-        kernels: Some((KernelId::W4a16DecodeAvx2, KernelId::W4a16PrefillAmxBf16, PackedLayout::Tinygemm32)),
-        is_w4a8: false,
+        family: Family::W4a16(TinygemmBlock::N64),
         forced_only: false,
     },
-    Rung {
-        name: "w4a8-vnni",
+    Step {
+        rung: Rung::W4a8Vnni,
         check: |s, k, p| {
             w4a8_gate(k, p)?;
             avx512_reason(s)?;
             if !s.cpu.avx512vnni { Err("CPU lacks AVX-512 VNNI".into()) } else { Ok(()) }
         },
         level: IsaLevel::Avx512,
-        kernels: Some((KernelId::W4a8Vnni, KernelId::W4a8Vnni, PackedLayout::W4a8Vnni)),
-        is_w4a8: true,
+        family: Family::W4a8,
         forced_only: false,
     },
-    Rung {
-        name: "w4a16-avx512",
+    Step {
+        rung: Rung::W4a16Avx512,
         check: |s, _, _| avx512_reason(s),
         level: IsaLevel::Avx512,
-        kernels: Some((
-            KernelId::W4a16DecodeAvx512Bf16,
-            KernelId::W4a16PrefillDirectAvx512Bf16,
-            PackedLayout::Tinygemm64,
-        )),
-        is_w4a8: false,
+        family: Family::W4a16(TinygemmBlock::N64),
         forced_only: false,
     },
-    Rung {
-        name: "w4a8-avx2",
+    Step {
+        rung: Rung::W4a8Avx2,
         check: |s, k, p| {
             w4a8_gate(k, p)?;
             avx2_reason(s)
         },
         level: IsaLevel::Avx2,
-        kernels: Some((KernelId::W4a8Avx2, KernelId::W4a8Avx2, PackedLayout::W4a8Vnni)),
-        is_w4a8: true,
+        family: Family::W4a8,
         forced_only: false,
     },
-    Rung {
-        name: "w4a16-avx2",
+    Step {
+        rung: Rung::W4a16Avx2,
         check: |s, _, _| avx2_reason(s),
         level: IsaLevel::Avx2,
-        kernels: Some((KernelId::W4a16DecodeAvx2, KernelId::W4a16PrefillDirectAvx2, PackedLayout::Tinygemm32)),
-        is_w4a8: false,
+        family: Family::W4a16(TinygemmBlock::N32),
         forced_only: false,
     },
-    Rung {
-        name: "w4a8-portable",
+    Step {
+        rung: Rung::W4a8Portable,
         check: |_, k, p| w4a8_gate(k, p),
         level: IsaLevel::Portable,
-        kernels: Some((KernelId::W4a8Portable, KernelId::W4a8Portable, PackedLayout::W4a8Vnni)),
-        is_w4a8: true,
+        family: Family::W4a8,
         forced_only: true,
     },
-    Rung {
-        name: "w4a16-portable",
+    Step {
+        rung: Rung::W4a16Portable,
         check: |_, _, _| Ok(()),
         level: IsaLevel::Portable,
-        kernels: Some((KernelId::W4a16DecodePortable, KernelId::W4a16PrefillPortable, PackedLayout::Tinygemm32)),
-        is_w4a8: false,
+        family: Family::W4a16(TinygemmBlock::N32),
         forced_only: true,
     },
-    Rung {
-        name: "wna16-portable",
+    Step {
+        rung: Rung::Wna16Portable,
         check: |_, _, _| Ok(()),
         level: IsaLevel::Portable,
-        kernels: Some((KernelId::Wna16Portable, KernelId::Wna16Portable, PackedLayout::RowMajor)),
-        is_w4a8: false,
+        family: Family::Wna16,
         forced_only: false,
     },
 ];
-
-/// The prefill kernel a rung runs: its direct kernel, or the split-halves one with `direct_dequant: false`;
-/// the AVX-512 rung's `vdpbf16ps` GEMM needs AVX512-BF16 and falls back to the f32-FMA GEMM without it.
-fn prefill_kernel(rung_prefill: KernelId, direct: bool, s: &CpuSnapshot) -> KernelId {
-    let prefill = match rung_prefill {
-        KernelId::W4a16PrefillDirectAvx512Bf16 if !s.cpu.avx512bf16 => KernelId::W4a16PrefillDirectAvx2,
-        k => k,
-    };
-    match (prefill, direct) {
-        (KernelId::W4a16PrefillDirectAvx2, false) => KernelId::W4a16PrefillHalvesAvx2,
-        (KernelId::W4a16PrefillDirectAvx512Bf16, false) => KernelId::W4a16PrefillHalvesAvx512Bf16,
-        (k, _) => k,
-    }
-}
-
-/// The decode kernel a rung runs: the AVX-512 rung's `vdpbf16ps` decode needs AVX512-BF16 and keeps the
-/// f32-FMA AVX-512 decode without it.
-fn decode_kernel(rung_decode: KernelId, s: &CpuSnapshot) -> KernelId {
-    match rung_decode {
-        KernelId::W4a16DecodeAvx512Bf16 if !s.cpu.avx512bf16 => KernelId::W4a16DecodeAvx512,
-        k => k,
-    }
-}
 
 /// The plan for this machine, checkpoint and priority.
 pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overrides) -> Result<Plan, PolicyError> {
     let default_threshold = int4_kernels::w4a16::DEFAULT_DEQUANT_THRESHOLD;
     let threshold = o.dequant_threshold.unwrap_or(default_threshold);
     let direct = o.direct_dequant.unwrap_or(true);
+    // What the kernels may use: the snapshot's features that the caps allow.
+    let features = s.features().allowed_by(&o.caps);
     let mut rejected = Vec::new();
 
-    if o.path == PathChoice::Bf16 {
-        let avx2 = avx2_reason(s).is_ok() && o.isa_cap.is_none_or(|c| c >= IsaLevel::Avx2);
-        let (id, level) = if avx2 {
-            (KernelId::DenseBf16GemmAvx2, IsaLevel::Avx2)
-        } else {
-            (KernelId::DensePortable, IsaLevel::Portable)
+    if o.path.is_exact() {
+        let (rung, layout, bf16) = match o.path {
+            RunPath::Bf16 => (Rung::Bf16, PackedLayout::Bf16, true),
+            _ => (Rung::F32, PackedLayout::F32, false),
         };
-        let decode = if avx2 { KernelId::DenseBf16GemvAvx2 } else { KernelId::DensePortable };
+        let c = choose(features, LayerSpec::Dense { bf16 });
         return Ok(Plan {
-            path: "bf16".into(),
-            decode: KernelPlan { kernel: decode.name().into(), isa: level },
-            prefill: KernelPlan { kernel: id.name().into(), isa: level },
-            layout: PackedLayout::Bf16,
-            dequant_threshold: int4_kernels::dense::DENSE_GEMV_MAX_ROWS + 1,
+            path: rung,
+            decode: KernelPlan::of(c.decode),
+            prefill: KernelPlan::of(c.prefill),
+            layout,
+            dequant_threshold: c.prefill_from,
             direct_dequant: true,
             rejected,
         });
     }
 
-    for rung in &LADDER {
+    for step in &LADDER {
         let forced_out = match o.path {
-            PathChoice::W4a8 => !rung.is_w4a8,
-            PathChoice::W4a16 => rung.is_w4a8 || rung.name == "wna16-portable",
-            PathChoice::Wna16 => rung.name != "wna16-portable",
-            _ => rung.forced_only,
+            RunPath::W4a8 => !step.is_w4a8(),
+            RunPath::W4a16 => step.is_w4a8() || step.rung == Rung::Wna16Portable,
+            RunPath::Wna16 => step.rung != Rung::Wna16Portable,
+            _ => step.forced_only,
         };
         if forced_out {
             continue;
@@ -395,45 +528,58 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
         // Forcing W4A8 overrides the priority and takes any checkpoint: float zeros (cpu_int4, or an
         // unquantized checkpoint quantized at load on the float-zero grid) run as the kernels' float offsets.
         let (kind, priority) = match (o.path, kind) {
-            (PathChoice::W4a8, CheckpointKind::Bf16 | CheckpointKind::CpuInt4) => {
+            (RunPath::W4a8, CheckpointKind::Bf16 | CheckpointKind::CpuInt4) => {
                 (CheckpointKind::GptqAsym, Priority::Speed)
             }
-            (PathChoice::W4a8, _) => (kind, Priority::Speed),
+            (RunPath::W4a8, _) => (kind, Priority::Speed),
             _ => (kind, priority),
         };
-        let why = if let Err(why) = (rung.check)(s, kind, priority) {
+        let choice = choose(features.capped(step.level), step.spec(direct, threshold));
+        let why = if let Err(why) = (step.check)(s, kind, priority) {
             Some(why)
-        } else if o.isa_cap.is_some_and(|cap| rung.level > cap) {
-            Some(format!("capped by INT4_ISA={}", o.isa_cap.map_or("", |c| c.name())))
-        } else if rung.kernels.is_none() {
-            Some("this build has no kernels for it yet".into())
+        } else if step.level > o.caps.max_level() {
+            Some(format!("capped by INT4_ISA={}", o.caps.max_level().name()))
+        } else if choice.level() < step.level {
+            // The CPU has the rung's features, but a cap took one of them away.
+            let ideal = choose(s.features().capped(step.level), step.spec(direct, threshold));
+            let lost = if ideal.decode.level() == step.level { ideal.decode } else { ideal.prefill };
+            Some(format!("{lost} needs {}", lost.needs()))
         } else {
             None
         };
-        match (why, rung.kernels) {
-            (Some(why), _) => rejected.push(Rejection { path: rung.name.into(), why }),
-            (None, Some((decode, prefill, layout))) => {
+        match why {
+            Some(why) => rejected.push(Rejection { path: step.rung, why }),
+            None => {
                 return Ok(Plan {
-                    path: rung.name.into(),
-                    decode: KernelPlan { kernel: decode_kernel(decode, s).name().into(), isa: rung.level },
-                    prefill: KernelPlan { kernel: prefill_kernel(prefill, direct, s).name().into(), isa: rung.level },
-                    layout,
-                    dequant_threshold: threshold,
+                    path: step.rung,
+                    decode: KernelPlan::of(choice.decode),
+                    prefill: KernelPlan::of(choice.prefill),
+                    layout: step.layout(),
+                    dequant_threshold: choice.prefill_from,
                     direct_dequant: direct,
                     rejected,
                 });
             }
-            (None, None) => unreachable!("a rung without kernels is rejected above"),
         }
     }
-    let forced = match o.path {
-        PathChoice::W4a8 => "w4a8",
-        PathChoice::W4a16 => "w4a16",
-        PathChoice::Wna16 => "wna16",
-        _ => "auto",
-    };
     Err(PolicyError {
-        path: forced.into(),
+        path: o.path,
         missing: rejected.iter().map(|r| format!("{}: {}", r.path, r.why)).collect::<Vec<_>>().join("; "),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_parse_as_they_print() {
+        for p in RunPath::ALL {
+            assert_eq!(p.name().parse::<RunPath>(), Ok(p));
+            assert_eq!(p.to_string(), p.name());
+        }
+        let e = "int3".parse::<RunPath>().unwrap_err();
+        assert!(e.to_string().contains("\"int3\"") && e.to_string().contains("w4a16"), "{e}");
+        assert!(RunPath::F32.is_exact() && RunPath::Bf16.is_exact() && !RunPath::W4a16.is_exact());
+    }
 }

@@ -176,7 +176,9 @@ pub fn request_amx_permission(cpu_has_amx: bool, os_has_amx: bool) -> AmxPermiss
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn request_linux() -> AmxPermission {
-    use crate::sys::*;
+    use int4_kernels::os::{
+        ARCH_GET_XCOMP_PERM, ARCH_GET_XCOMP_SUPP, XFEATURE_XTILEDATA, arch_prctl_get, arch_prctl_request,
+    };
     let bit = 1u64 << XFEATURE_XTILEDATA;
     match arch_prctl_get(ARCH_GET_XCOMP_SUPP) {
         Err(e) => return AmxPermission::Refused(format!("ARCH_GET_XCOMP_SUPP failed (errno {e})")),
@@ -203,8 +205,8 @@ pub fn live() -> CpuSnapshot {
     #[cfg(target_arch = "x86_64")]
     {
         let reader = raw_cpuid::CpuIdReaderNative;
-        let osxsave = CpuId::with_cpuid_reader(reader).get_feature_info().is_some_and(|f| f.has_oxsave());
-        let xcr0 = crate::sys::xcr0(osxsave);
+        // Read only where CPUID reports OSXSAVE (`int4_kernels::os` checks it on the live CPU).
+        let xcr0 = int4_kernels::os::xcr0();
         let pre = snapshot_from(reader, "live", xcr0, AmxPermission::NotApplicable(String::new()));
         let perm = request_amx_permission(pre.cpu.amx_tile, pre.os.amx_state);
         let mut snap = CpuSnapshot { amx_permission: perm, ..pre };

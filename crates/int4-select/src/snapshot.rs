@@ -154,6 +154,28 @@ pub struct Usable {
 }
 
 impl CpuSnapshot {
+    /// What the kernels may use on this CPU, as the kernel choice takes it
+    /// ([`int4_kernels::choice::choose`]): [`CpuSnapshot::usable`] as a feature set.
+    pub fn features(&self) -> int4_kernels::isa::FeatureSet {
+        use int4_kernels::isa::{Feature, FeatureSet};
+        let u = self.usable();
+        let mut f = FeatureSet::NONE;
+        for (on, feature) in [
+            (u.avx2_fma, Feature::Avx2),
+            (u.avx2_fma, Feature::Fma),
+            (u.avx512, Feature::Avx512),
+            (u.avx512bf16, Feature::Avx512Bf16),
+            (u.avx512vnni, Feature::Avx512Vnni),
+            (u.amx_int8, Feature::AmxInt8),
+            (u.amx_bf16, Feature::AmxBf16),
+        ] {
+            if on {
+                f = f.with(feature);
+            }
+        }
+        f
+    }
+
     /// Combines CPUID, XCR0 and the AMX permission.
     pub fn usable(&self) -> Usable {
         let c = &self.cpu;

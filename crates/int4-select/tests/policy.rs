@@ -1,8 +1,10 @@
 //! The probe and the policy on real CPUs: recorded CPUID dumps (InstLatx64, cited in each fixture)
 //! replayed through raw-cpuid together with an XCR0 and an AMX permission outcome, plus the live host.
 
+use int4_kernels::KernelId;
 use int4_kernels::isa::IsaLevel;
-use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, PathChoice, Priority, plan};
+use int4_kernels::isa::{Feature, IsaCaps};
+use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, Priority, RunPath, Rung, plan};
 use int4_select::probe::{RecordedCpuid, non_x86_snapshot, snapshot_from};
 use int4_select::{AmxPermission, CpuSnapshot};
 use std::fmt::Write;
@@ -129,7 +131,7 @@ fn rejections_name_the_real_reason() {
             .unwrap()
             .rejected
             .into_iter()
-            .find(|r| r.path == path)
+            .find(|r| r.path.name() == path)
             .map(|r| r.why)
             .unwrap_or_default()
     };
@@ -146,66 +148,82 @@ fn rejections_name_the_real_reason() {
     assert!(why(&get("haswell"), CheckpointKind::GptqSym, Priority::Speed, "w4a8-vnni").contains("AVX-512"));
     let spr = plan(&get("sapphire_rapids"), CheckpointKind::GptqSym, Priority::Speed, &Overrides::default()).unwrap();
     assert_eq!(
-        (spr.path.as_str(), spr.decode.kernel.as_str(), spr.prefill.kernel.as_str()),
+        (spr.path.name(), spr.decode.kernel.name(), spr.prefill.kernel.name()),
         ("w4a8-amx", "w4a8-vnni", "w4a8-amx")
     );
     let hsw = plan(&get("haswell"), CheckpointKind::GptqAsym, Priority::Speed, &Overrides::default()).unwrap();
-    assert_eq!((hsw.path.as_str(), hsw.layout), ("w4a8-avx2", PackedLayout::W4a8Vnni));
+    assert_eq!((hsw.path.name(), hsw.layout), ("w4a8-avx2", PackedLayout::W4a8Vnni));
     assert!(why(&get("haswell"), CheckpointKind::Bf16, Priority::Speed, "w4a16-avx512").contains("AVX-512"));
 }
 
 #[test]
 fn overrides_caps_and_forced_paths() {
     let hsw = linux("haswell");
-    let capped = Overrides { isa_cap: Some(IsaLevel::Portable), ..Overrides::default() };
+    let capped = Overrides { caps: IsaCaps::unrestricted().with_max_level(IsaLevel::Portable), ..Overrides::default() };
     let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &capped).unwrap();
-    assert_eq!(p.path, "wna16-portable");
-    assert!(p.rejected.iter().any(|r| r.path == "w4a16-avx2" && r.why.contains("INT4_ISA")));
+    assert_eq!(p.path.name(), "wna16-portable");
+    assert!(p.rejected.iter().any(|r| r.path.name() == "w4a16-avx2" && r.why.contains("INT4_ISA")));
     // Forcing W4A8 overrides the fidelity priority, and takes an unquantized checkpoint (quantized at load).
-    let w4a8 = Overrides { path: PathChoice::W4a8, ..Overrides::default() };
+    let w4a8 = Overrides { path: RunPath::W4a8, ..Overrides::default() };
     let p = plan(&hsw, CheckpointKind::Bf16, Priority::Fidelity, &w4a8).unwrap();
-    assert_eq!((p.path.as_str(), p.prefill.kernel.as_str()), ("w4a8-avx2", "w4a8-avx2"));
+    assert_eq!((p.path.name(), p.prefill.kernel.name()), ("w4a8-avx2", "w4a8-avx2"));
     // ... and a cpu_int4 checkpoint, whose float zeros run as the kernels' float offsets.
     let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Fidelity, &w4a8).unwrap();
-    assert_eq!((p.path.as_str(), p.decode.kernel.as_str()), ("w4a8-avx2", "w4a8-avx2"));
+    assert_eq!((p.path.name(), p.decode.kernel.name()), ("w4a8-avx2", "w4a8-avx2"));
     // A forced path keeps its numerics where no SIMD rung of it runs: its portable kernels (never
     // chosen automatically, which falls back to wna16), with every faster rung's reason reported.
     let sse = linux("sse_only");
     let p = plan(&sse, CheckpointKind::GptqSym, Priority::Speed, &w4a8).unwrap();
     assert_eq!(
-        (p.path.as_str(), p.decode.kernel.as_str(), p.layout),
+        (p.path.name(), p.decode.kernel.name(), p.layout),
         ("w4a8-portable", "w4a8-portable", PackedLayout::W4a8Vnni)
     );
-    assert!(p.rejected.iter().any(|r| r.path == "w4a8-avx2" && r.why.contains("AVX2")), "{:?}", p.rejected);
-    let w4a16 = Overrides { path: PathChoice::W4a16, ..Overrides::default() };
+    assert!(p.rejected.iter().any(|r| r.path.name() == "w4a8-avx2" && r.why.contains("AVX2")), "{:?}", p.rejected);
+    let w4a16 = Overrides { path: RunPath::W4a16, ..Overrides::default() };
     let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &w4a16).unwrap();
     assert_eq!(
-        (p.path.as_str(), p.decode.kernel.as_str(), p.prefill.kernel.as_str(), p.layout),
+        (p.path.name(), p.decode.kernel.name(), p.prefill.kernel.name(), p.layout),
         ("w4a16-portable", "w4a16-decode-portable", "w4a16-prefill-portable", PackedLayout::Tinygemm32)
     );
-    let p =
-        plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &Overrides { isa_cap: Some(IsaLevel::Portable), ..w4a16 })
-            .unwrap();
-    assert_eq!(p.path, "w4a16-portable");
-    assert!(p.rejected.iter().any(|r| r.path == "w4a16-avx2" && r.why.contains("INT4_ISA")));
-    let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
-    assert_eq!(p.path, "wna16-portable");
-    // A forced W4A8 on float zeros runs on every rung, the portable one included.
-    let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &w4a8).unwrap();
-    assert_eq!(p.path, "w4a8-portable");
     let p = plan(
-        &sse,
-        CheckpointKind::Bf16,
+        &hsw,
+        CheckpointKind::CpuInt4,
         Priority::Speed,
-        &Overrides { path: PathChoice::Bf16, ..Overrides::default() },
+        &Overrides { caps: IsaCaps::unrestricted().with_max_level(IsaLevel::Portable), ..w4a16 },
     )
     .unwrap();
-    assert_eq!(p.decode.kernel, "dense-portable");
+    assert_eq!(p.path.name(), "w4a16-portable");
+    assert!(p.rejected.iter().any(|r| r.path.name() == "w4a16-avx2" && r.why.contains("INT4_ISA")));
+    let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
+    assert_eq!(p.path.name(), "wna16-portable");
+    // A forced W4A8 on float zeros runs on every rung, the portable one included.
+    let p = plan(&sse, CheckpointKind::CpuInt4, Priority::Speed, &w4a8).unwrap();
+    assert_eq!(p.path.name(), "w4a8-portable");
+    let p =
+        plan(&sse, CheckpointKind::Bf16, Priority::Speed, &Overrides { path: RunPath::Bf16, ..Overrides::default() })
+            .unwrap();
+    assert_eq!(p.decode.kernel.name(), "dense-portable");
+    // A feature taken away by INT4_DISABLE is taken from the plan too: the rung that needs it is rejected
+    // with the reason, and the next one is taken (rather than a plan whose kernels cannot bind).
+    let zen4 = linux("zen4");
+    let no_avx512 = Overrides { caps: IsaCaps::unrestricted().without(Feature::Avx512), ..Overrides::default() };
+    let p = plan(&zen4, CheckpointKind::CpuInt4, Priority::Speed, &no_avx512).unwrap();
+    assert_eq!(p.path, Rung::W4a16Avx2);
+    let why = p.rejected.iter().find(|r| r.path == Rung::W4a16Avx512).map(|r| r.why.clone()).unwrap_or_default();
+    assert!(why.contains("w4a16-decode-avx512") && why.contains("INT4_DISABLE"), "{why}");
+    let no_bf16 = Overrides { caps: IsaCaps::unrestricted().without(Feature::Avx512Bf16), ..Overrides::default() };
+    let p = plan(&zen4, CheckpointKind::CpuInt4, Priority::Speed, &no_bf16).unwrap();
+    assert_eq!(
+        (p.path, p.decode.kernel, p.prefill.kernel),
+        (Rung::W4a16Avx512, KernelId::W4a16DecodeAvx512, KernelId::W4a16PrefillDirectAvx2)
+    );
+    let no_vnni = Overrides { caps: IsaCaps::unrestricted().without(Feature::Avx512Vnni), ..Overrides::default() };
+    assert_eq!(plan(&zen4, CheckpointKind::GptqSym, Priority::Speed, &no_vnni).unwrap().path, Rung::W4a16Avx512);
     // Precedence: the checkpoint's key, then the plan's measured default.
     let keyed = Overrides { dequant_threshold: Some(2), direct_dequant: Some(false), ..Overrides::default() };
     let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &keyed).unwrap();
     assert_eq!(
-        (p.dequant_threshold, p.direct_dequant, p.prefill.kernel.as_str()),
+        (p.dequant_threshold, p.direct_dequant, p.prefill.kernel.name()),
         (2, false, "w4a16-prefill-halves-avx2")
     );
     let p = plan(&hsw, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
@@ -228,10 +246,17 @@ fn live_probe_on_this_host() {
                 && is_x86_feature_detected!("avx512vl")
         );
     }
-    let p = plan(&s, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
-    println!("plan: {p:?}");
-    if p.decode.isa == IsaLevel::Avx2 {
-        assert!(int4_kernels::isa::Avx2Fma::with_caps(&int4_kernels::isa::IsaCaps::unrestricted()).is_some());
+    // Whatever the live plan picks binds here, for every kind and path: the snapshot and the capability
+    // tokens agree on what this CPU has.
+    for kind in CheckpointKind::ALL {
+        for path in RunPath::ALL {
+            let o = Overrides { path, ..Overrides::default() };
+            let p = plan(&s, kind, Priority::Speed, &o).unwrap();
+            println!("{kind:?} {path}: {} {} {}", p.path, p.decode.kernel, p.prefill.kernel);
+            if let Err(e) = p.kernels().bind(&IsaCaps::unrestricted()) {
+                panic!("{kind:?} {path}: the live plan {} does not bind here: {e}", p.path);
+            }
+        }
     }
 }
 
@@ -261,6 +286,12 @@ fn override_profiles_change_decisions_not_instructions() {
     // Whatever the profile claims, the kernel exists only if the live CPU has AVX-512.
     let live = int4_kernels::isa::Avx512::with_caps(&int4_kernels::isa::IsaCaps::unrestricted()).is_some();
     assert_eq!(r.is_ok(), live, "{r:?}");
+    // The profile's plan names the Zen 4 kernels; they bind only where this CPU has AVX512-BF16.
+    let p = plan(&loaded, CheckpointKind::CpuInt4, Priority::Speed, &Overrides::default()).unwrap();
+    assert_eq!(p.decode.kernel, int4_kernels::KernelId::W4a16DecodeAvx512Bf16);
+    let bound = p.kernels().bind(&IsaCaps::unrestricted());
+    let bf16 = int4_kernels::isa::Avx512Bf16::with_caps(&IsaCaps::unrestricted()).is_some();
+    assert_eq!(bound.is_ok(), bf16, "{bound:?}");
 }
 
 fn int4_layout_codes() -> (int4_layout::Codes, int4_layout::GroupParams) {

@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use int4_cache::quant_config::{NormalizedConfig, normalize};
 use int4_cache::{Artifact, ArtifactKey, ArtifactStore, MappedArtifact, SourceIdentity};
 use int4_kernels::bytes::SharedBytes;
-use int4_kernels::isa::{Feature, IsaLevel};
+use int4_kernels::isa::{Feature, IsaCaps, IsaLevel};
 use int4_kernels::w4a8::ActivationScales;
 use int4_kernels::w4a16::W4A16Config;
 use int4_layout::GroupSize;
 use int4_layout::tinygemm::TinygemmBlock;
-use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, PathChoice, Plan, Priority, plan};
+use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, Plan, Priority, RunPath, plan};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -32,23 +32,6 @@ use crate::quantized::QuantFormat;
 use crate::sampling::{Sampler, SamplingConfig};
 use crate::text::TextCodec;
 use crate::weights::Checkpoint;
-
-/// Which numerics to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RunPath {
-    /// What the policy picks for this machine.
-    Auto,
-    /// 4-bit weights, tinygemm kernels.
-    W4a16,
-    /// 4-bit weights, the portable fallback.
-    Wna16,
-    /// 4-bit weights, int8 activations (fastest, less faithful).
-    W4a8,
-    /// Unquantized bf16 weights.
-    Bf16,
-    /// Unquantized f32 weights (the reference).
-    F32,
-}
 
 /// How to load.
 #[derive(Clone, Debug)]
@@ -76,6 +59,9 @@ pub struct LoadOptions {
     /// W4A8: the bits of a head the checkpoint stores unquantized (default 4; 8 keeps it, and a tied
     /// embedding, on llama.cpp's Q8_0 grid).
     pub head_bits: HeadBits,
+    /// What the kernels may use: the plan takes nothing these caps forbid, and the layers bind their
+    /// kernels under them (default: the process caps, `INT4_ISA` and `INT4_DISABLE`).
+    pub caps: IsaCaps,
 }
 
 /// A callback told `(done, total)` as layers are packed; called from the packing threads.
@@ -101,6 +87,7 @@ impl Default for LoadOptions {
             direct_dequant: None,
             activation_scales: ActivationScales::default(),
             head_bits: HeadBits::default(),
+            caps: *IsaCaps::process(),
         }
     }
 }
@@ -171,8 +158,8 @@ pub struct Engine {
     pub model: Model,
     /// Tokenizer and chat template.
     pub text: TextCodec,
-    /// The policy's plan (for the 4-bit paths).
-    pub plan: Option<Plan>,
+    /// The policy's plan: the rung, and the kernels every layer bound.
+    pub plan: Plan,
     /// Load time.
     pub load_time: Duration,
     /// The model directory.
@@ -206,9 +193,9 @@ impl Engine {
         let (numerics, plan) = numerics_for(opts, kind, group)?;
         let ckpt = Checkpoint::open(dir)?;
         warnings.extend(Model::load_notes(&cfg, &ckpt, numerics, format.as_ref()));
-        let (model, packed_from) = match (&plan, &opts.cache) {
-            (Some(plan), Some(store)) if numerics.is_packed() => {
-                let key = artifact_key(plan, numerics, &quantization, group, &ckpt, store)?;
+        let (model, packed_from) = match &opts.cache {
+            Some(store) if numerics.is_packed() => {
+                let key = artifact_key(&plan, numerics, &quantization, group, &ckpt, store)?;
                 let mut built = false;
                 let (artifact, w) = store.get_or_build(&key, || {
                     built = true;
@@ -492,7 +479,7 @@ pub struct ModelInfo {
     /// what loading does with it.
     pub layers: Vec<(String, String)>,
     /// The plan this machine would run it with.
-    pub plan: Option<Plan>,
+    pub plan: Plan,
     /// Whether the artifact cache holds its packed weights for that plan.
     pub cached: Option<bool>,
     /// Warnings a load would print.
@@ -531,8 +518,8 @@ impl Engine {
                     _ => format!("unquantized {}", s.dtype(&ckpt).unwrap_or_default()),
                 };
                 let run = match numerics {
-                    Numerics::F32 => "dequantized to f32".to_string(),
-                    Numerics::Bf16 => "as bf16".to_string(),
+                    Numerics::F32 { .. } => "dequantized to f32".to_string(),
+                    Numerics::Bf16 { .. } => "as bf16".to_string(),
                     _ if stored.starts_with("unquantized") => {
                         format!("quantized at load (round to nearest, group {})", group.to_checkpoint())
                     }
@@ -542,9 +529,9 @@ impl Engine {
                 (format!("{name} [{}×{}]", s.n, s.k), format!("{stored}; {run}"))
             })
             .collect();
-        let cached = match (&plan, &opts.cache) {
-            (Some(p), Some(store)) if numerics.is_packed() => {
-                let key = artifact_key(p, numerics, &quantization, group, &ckpt, store)?;
+        let cached = match &opts.cache {
+            Some(store) if numerics.is_packed() => {
+                let key = artifact_key(&plan, numerics, &quantization, group, &ckpt, store)?;
                 Some(matches!(store.load(&key), int4_cache::Lookup::Hit(_)))
             }
             _ => None,
@@ -659,32 +646,28 @@ impl Engine {
     }
 }
 
-/// The numerics for a load: the policy's plan for the 4-bit paths, or the dense ones.
-fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> Result<(Numerics, Option<Plan>)> {
-    let choice = match opts.path {
-        RunPath::F32 => return Ok((Numerics::F32, None)),
-        RunPath::Bf16 => return Ok((Numerics::Bf16, None)),
-        RunPath::Auto => PathChoice::Auto,
-        RunPath::W4a16 => PathChoice::W4a16,
-        RunPath::Wna16 => PathChoice::Wna16,
-        RunPath::W4a8 => PathChoice::W4a8,
-    };
+/// The numerics for a load: the policy's plan for this machine under the load's caps, and its kernels bound
+/// to this process (an error, naming the kernel and what is missing, when a CPU profile promised more
+/// than this CPU has).
+fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> Result<(Numerics, Plan)> {
     let snap = int4_select::snapshot_for_policy().map_err(|e| Error::new("CPU profile", e.to_string()))?;
-    let isa_cap = std::env::var("INT4_ISA").ok().and_then(|v| IsaLevel::parse(&v));
-    let overrides = Overrides { path: choice, isa_cap, direct_dequant: opts.direct_dequant, ..Overrides::default() };
+    let overrides =
+        Overrides { path: opts.path, caps: opts.caps, direct_dequant: opts.direct_dequant, ..Overrides::default() };
     let p = plan(&snap, kind, opts.priority, &overrides).map_err(|e| Error::new("path", e.to_string()))?;
+    let kernels = p.kernels().bind(&opts.caps).map_err(|e| Error::new(format!("path {}", p.path), e.to_string()))?;
     let numerics = match p.layout {
         PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 => Numerics::W4a16 {
             block: if p.layout == PackedLayout::Tinygemm64 { TinygemmBlock::N64 } else { TinygemmBlock::N32 },
             group,
             config: W4A16Config { dequant_threshold: p.dequant_threshold, direct_dequant: p.direct_dequant },
-            level: p.decode.isa,
+            kernels,
         },
-        PackedLayout::RowMajor => Numerics::Wna16 { group },
+        PackedLayout::RowMajor => Numerics::Wna16 { group, kernels },
         PackedLayout::W4a8Vnni => {
-            Numerics::W4a8 { group, level: p.decode.isa, activations: opts.activation_scales, head: opts.head_bits }
+            Numerics::W4a8 { group, kernels, activations: opts.activation_scales, head: opts.head_bits }
         }
-        PackedLayout::Bf16 => Numerics::Bf16,
+        PackedLayout::Bf16 => Numerics::Bf16 { kernels },
+        PackedLayout::F32 => Numerics::F32 { kernels },
     };
-    Ok((numerics, Some(p)))
+    Ok((numerics, p))
 }

@@ -51,14 +51,18 @@ mod text;
 mod weights;
 
 pub use config::{Architecture, Llama3Rope, ModelConfig};
-pub use engine::{Engine, Generation, LoadOptions, ModelInfo, Next, PackProgress, PackedFrom, RunPath, StopReason};
+pub use engine::{Engine, Generation, LoadOptions, ModelInfo, Next, PackProgress, PackedFrom, StopReason};
 pub use error::{Error, Result};
 pub use linear::{HeadBits, INT8_GROUP, Linear, Numerics, SectionSource};
-pub use model::{ForwardObserver, KvCache, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, linear_specs};
+pub use model::{
+    Dispatched, ForwardObserver, KvCache, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, linear_specs,
+};
 pub use quantized::{IntegerZeros, QuantFormat, QuantLinear, read_linear};
 pub use sampling::{Sampler, SamplingConfig, argmax, top2_gap};
 pub use text::{Message, TextCodec};
 pub use weights::Checkpoint;
+
+pub use int4_select::{Plan, Priority, RunPath};
 
 pub use int4_cache as cache;
 pub use int4_gguf as gguf;

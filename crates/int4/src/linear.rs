@@ -1,13 +1,17 @@
-//! A linear layer on whichever kernel the plan chose, with the kernel it runs per phase on record.
+//! A linear layer on the kernels the plan chose, bound to this process, with the kernel it ran per phase on
+//! record.
 
-use int4_kernels::KernelId;
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use int4_kernels::bytes::SharedBytes;
+use int4_kernels::choice::{self, BoundKernels};
 use int4_kernels::dense::{DenseLinear, DenseWeights};
-use int4_kernels::isa::{IsaCaps, IsaLevel};
+use int4_kernels::isa::IsaCaps;
 use int4_kernels::portable::Wna16Linear;
 use int4_kernels::w4a8::int8::{Int8Linear, Int8Weights};
 use int4_kernels::w4a8::{ActivationScales, W4A8Linear, W4A8Weights};
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
+use int4_kernels::{KernelId, LayerSpec};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
 use int4_layout::tinygemm::TinygemmBlock;
 use int4_layout::{GroupParams, GroupSize, rowmajor};
@@ -15,13 +19,20 @@ use int4_layout::{GroupParams, GroupSize, rowmajor};
 use crate::error::{Error, Result};
 use crate::quantized::{IntegerZeros, QuantLinear};
 
-/// How a model's linear layers are run.
+/// How a model's linear layers are run: the weights' form, and the kernels (chosen, and bound to this
+/// process: holding a `Numerics` proves its kernels can run here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Numerics {
     /// Unquantized f32 weights: the correctness reference.
-    F32,
+    F32 {
+        /// The dense f32 kernels.
+        kernels: BoundKernels,
+    },
     /// Unquantized bf16 weights: the speed baseline.
-    Bf16,
+    Bf16 {
+        /// The dense bf16 kernels.
+        kernels: BoundKernels,
+    },
     /// 4-bit weights in a tinygemm layout, quantized on load (round-to-nearest, asymmetric grid).
     W4a16 {
         /// Channel block width of the packed layout.
@@ -30,13 +41,15 @@ pub enum Numerics {
         group: GroupSize,
         /// Threshold and prefill source.
         config: W4A16Config,
-        /// ISA the kernels run at.
-        level: IsaLevel,
+        /// The W4A16 kernels.
+        kernels: BoundKernels,
     },
     /// 4-bit weights as row-major codes, the portable fallback.
     Wna16 {
         /// Group size.
         group: GroupSize,
+        /// The portable kernel (which runs every row count).
+        kernels: BoundKernels,
     },
     /// 4-bit weights, activations quantized to int8. Integer zero points as the checkpoint holds them
     /// (GPTQ), float zeros as offsets (`cpu_int4`, or quantized on load: round to nearest on the same
@@ -44,8 +57,8 @@ pub enum Numerics {
     W4a8 {
         /// Group size.
         group: GroupSize,
-        /// ISA the kernels run at.
-        level: IsaLevel,
+        /// The W4A8 kernels.
+        kernels: BoundKernels,
         /// Activation scales per token or per group.
         activations: ActivationScales,
         /// Whether an unquantized head is held in 8 bits rather than 4.
@@ -54,8 +67,8 @@ pub enum Numerics {
     /// 8-bit symmetric weights (groups of 32, `amax/127`: llama.cpp's Q8_0 grid) on the W4A8 kernels as
     /// two 4-bit planes, int8 activations: the W4A8 path's head with [`HeadBits::Eight`].
     W8a8 {
-        /// ISA the kernels run at.
-        level: IsaLevel,
+        /// The W4A8 kernels the two planes run on.
+        kernels: BoundKernels,
         /// Activation scales per token or per group.
         activations: ActivationScales,
     },
@@ -93,6 +106,28 @@ pub struct Linear {
     /// GPTQ act-order: the kernels see input channel `perm[i]` at position `i`.
     perm: Option<Vec<u32>>,
     imp: Imp,
+    /// Rows from which a call is the prefill phase (the kernels' `prefill_from`).
+    prefill_from: usize,
+    /// The kernel the last decode-phase and prefill-phase call dispatched to (an index into
+    /// [`KernelId::ALL`], plus one; 0: none yet).
+    dispatched: [AtomicU8; 2],
+}
+
+/// A `Linear` under construction: every field but the record of what it dispatched.
+struct Parts {
+    n: usize,
+    k: usize,
+    n_padded: usize,
+    perm: Option<Vec<u32>>,
+    imp: Imp,
+    prefill_from: usize,
+}
+
+impl From<Parts> for Linear {
+    fn from(p: Parts) -> Self {
+        let Parts { n, k, n_padded, perm, imp, prefill_from } = p;
+        Linear { n, k, n_padded, perm, imp, prefill_from, dispatched: Default::default() }
+    }
 }
 
 impl std::fmt::Debug for Linear {
@@ -105,19 +140,56 @@ impl std::fmt::Debug for Linear {
 pub type SectionSource<'a> = &'a dyn Fn(&str) -> Option<SharedBytes>;
 
 impl Numerics {
+    /// Unquantized f32 weights on the fastest dense kernels `caps` allows on this CPU.
+    pub fn f32(caps: &IsaCaps) -> Self {
+        Numerics::F32 { kernels: best_dense(false, caps) }
+    }
+
+    /// Unquantized bf16 weights on the fastest dense kernels `caps` allows on this CPU.
+    pub fn bf16(caps: &IsaCaps) -> Self {
+        Numerics::Bf16 { kernels: best_dense(true, caps) }
+    }
+
+    /// 4-bit row-major codes at `group` on the portable wna16 kernel (which runs on any CPU).
+    pub fn wna16(group: GroupSize) -> Self {
+        let spec = LayerSpec::Wna16 { prefill_from: int4_kernels::w4a16::DEFAULT_DEQUANT_THRESHOLD };
+        let kernels = choice::best(spec, &IsaCaps::unrestricted()).expect("the portable kernel binds on any CPU");
+        Numerics::Wna16 { group, kernels }
+    }
+
     /// Whether the weights are quantized and packed (and so worth an artifact in the cache).
     pub fn is_packed(self) -> bool {
         matches!(self, Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } | Numerics::W8a8 { .. })
+    }
+
+    /// The kernels the layers run (the wna16 fallback's one portable kernel included).
+    pub fn kernels(self) -> BoundKernels {
+        match self {
+            Numerics::F32 { kernels }
+            | Numerics::Bf16 { kernels }
+            | Numerics::W4a16 { kernels, .. }
+            | Numerics::W4a8 { kernels, .. }
+            | Numerics::W8a8 { kernels, .. }
+            | Numerics::Wna16 { kernels, .. } => kernels,
+        }
     }
 
     /// The numerics of a head the checkpoint stores unquantized: 8 bits where the W4A8 path asks for it,
     /// else the model's own.
     pub fn for_unquantized_head(self) -> Numerics {
         match self {
-            Numerics::W4a8 { level, activations, head: HeadBits::Eight, .. } => Numerics::W8a8 { level, activations },
+            Numerics::W4a8 { kernels, activations, head: HeadBits::Eight, .. } => {
+                Numerics::W8a8 { kernels, activations }
+            }
             other => other,
         }
     }
+}
+
+/// The fastest dense kernels `caps` allows here. Binding what the live CPU's own features chose cannot
+/// fail: every feature in the choice was checked on this CPU under these caps.
+fn best_dense(bf16: bool, caps: &IsaCaps) -> BoundKernels {
+    choice::best(LayerSpec::Dense { bf16 }, caps).expect("the live CPU's own choice binds")
 }
 
 /// Reads a stored act-order permutation, checking that it is one.
@@ -160,11 +232,14 @@ impl Linear {
         numerics: Numerics,
     ) -> Result<Self> {
         let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
+        let prefill_from = numerics.kernels().choice().prefill_from;
         let imp = match numerics {
-            Numerics::F32 => Imp::Dense(DenseLinear::new(n, k, DenseWeights::F32(w), bias).map_err(|e| err(&e))?),
-            Numerics::Bf16 => {
+            Numerics::F32 { kernels } => {
+                Imp::Dense(DenseLinear::with_kernels(n, k, DenseWeights::F32(w), bias, kernels).map_err(|e| err(&e))?)
+            }
+            Numerics::Bf16 { kernels } => {
                 let wb = w.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                Imp::Dense(DenseLinear::new(n, k, DenseWeights::Bf16(wb), bias).map_err(|e| err(&e))?)
+                Imp::Dense(DenseLinear::with_kernels(n, k, DenseWeights::Bf16(wb), bias, kernels).map_err(|e| err(&e))?)
             }
             Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } | Numerics::W8a8 { .. } => {
                 let mut sections: Vec<(String, SharedBytes)> =
@@ -175,7 +250,7 @@ impl Linear {
                 return Ok(layer);
             }
         };
-        Ok(Linear { n, k, n_padded: n, perm: None, imp })
+        Ok(Parts { n, k, n_padded: n, perm: None, imp, prefill_from }.into())
     }
 
     /// Builds the layer from a quantized checkpoint's codes and parameters: packed as they are for the
@@ -196,7 +271,7 @@ impl Linear {
         let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
         let QuantLinear { codes, params, zeros, perm } = q;
         let mut out = match numerics {
-            Numerics::F32 | Numerics::Bf16 => return Ok(Vec::new()),
+            Numerics::F32 { .. } | Numerics::Bf16 { .. } => return Ok(Vec::new()),
             Numerics::W8a8 { .. } => {
                 return Err(Error::new(
                     name,
@@ -262,8 +337,8 @@ impl Linear {
     pub fn pack(name: &str, w: Vec<f32>, n: usize, k: usize, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
         let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
         match numerics {
-            Numerics::F32 | Numerics::Bf16 => Ok(Vec::new()),
-            Numerics::W4a16 { group, .. } | Numerics::Wna16 { group } | Numerics::W4a8 { group, .. } => {
+            Numerics::F32 { .. } | Numerics::Bf16 { .. } => Ok(Vec::new()),
+            Numerics::W4a16 { group, .. } | Numerics::Wna16 { group, .. } | Numerics::W4a8 { group, .. } => {
                 let q =
                     quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
                 drop(w);
@@ -299,19 +374,19 @@ impl Linear {
         let need = |part: &str| {
             get(&section(name, part)).ok_or_else(|| Error::new(name, format!("the artifact has no section \"{part}\"")))
         };
-        let caps = IsaCaps::process();
+        let prefill_from = numerics.kernels().choice().prefill_from;
         let perm = match get(&section(name, "perm")) {
             Some(b) => Some(read_permutation(name, &b, k)?),
             None => None,
         };
         let layer = match numerics {
-            Numerics::F32 | Numerics::Bf16 => {
+            Numerics::F32 { .. } | Numerics::Bf16 { .. } => {
                 return Err(Error::new(
                     name,
                     "unquantized layers are built from the checkpoint, not from packed sections",
                 ));
             }
-            Numerics::W4a16 { block, group, config, level } => {
+            Numerics::W4a16 { block, group, config, kernels } => {
                 let np = n.next_multiple_of(16);
                 let halves = if config.direct_dequant { None } else { Some(need("halves")?) };
                 let weights = W4A16Weights::from_packed_lane_params(
@@ -326,15 +401,15 @@ impl Linear {
                     b.resize(np, 0.0);
                     b
                 });
-                let imp = Imp::W4a16(W4A16Linear::forced(weights, bias, config, level, caps).map_err(|e| err(&e))?);
-                Linear { n, k, n_padded: np, perm: None, imp }
+                let imp = Imp::W4a16(W4A16Linear::new(weights, bias, config, kernels).map_err(|e| err(&e))?);
+                Parts { n, k, n_padded: np, perm: None, imp, prefill_from }
             }
-            Numerics::Wna16 { group } => {
+            Numerics::Wna16 { group, .. } => {
                 let params = GroupParams::from_le_bytes(n, k, group, &need("params")?).map_err(|e| err(&e))?;
                 let imp = Imp::Wna16(Wna16Linear::new(need("rowmajor")?, params, bias).map_err(|e| err(&e))?);
-                Linear { n, k, n_padded: n, perm: None, imp }
+                Parts { n, k, n_padded: n, perm: None, imp, prefill_from }
             }
-            Numerics::W4a8 { group, level, activations, .. } => {
+            Numerics::W4a8 { group, kernels, activations, .. } => {
                 let np = n.next_multiple_of(16);
                 let weights = W4A8Weights::from_parts(
                     need("w4a8")?,
@@ -348,11 +423,11 @@ impl Linear {
                     b.resize(np, 0.0);
                     b
                 });
-                let layer = W4A8Linear::forced(weights, bias, level, caps).map_err(|e| err(&e))?;
+                let layer = W4A8Linear::with_kernels(weights, bias, kernels).map_err(|e| err(&e))?;
                 let imp = Imp::W4a8(layer.with_activation_scales(activations));
-                Linear { n, k, n_padded: np, perm: None, imp }
+                Parts { n, k, n_padded: np, perm: None, imp, prefill_from }
             }
-            Numerics::W8a8 { level, activations } => {
+            Numerics::W8a8 { kernels, activations } => {
                 let np = n.next_multiple_of(16);
                 let dims = (np, k, INT8_GROUP);
                 let lo_scales = need("int8_scales")?;
@@ -369,12 +444,12 @@ impl Linear {
                     b.resize(np, 0.0);
                     b
                 });
-                let layer = Int8Linear::forced(weights, bias, level, caps).map_err(|e| err(&e))?;
+                let layer = Int8Linear::with_kernels(weights, bias, kernels).map_err(|e| err(&e))?;
                 let imp = Imp::Int8(layer.with_activation_scales(activations));
-                Linear { n, k, n_padded: np, perm: None, imp }
+                Parts { n, k, n_padded: np, perm: None, imp, prefill_from }
             }
         };
-        Ok(Linear { perm, ..layer })
+        Ok(Parts { perm, ..layer }.into())
     }
 
     /// Output width.
@@ -385,6 +460,16 @@ impl Linear {
     /// Input width.
     pub fn k(&self) -> usize {
         self.k
+    }
+
+    /// The kernel the last call of each phase dispatched to: `(decode, prefill)`, `None` for a phase that
+    /// has not run. What ran, as the layer recorded it, not a prediction.
+    pub fn dispatched(&self) -> (Option<KernelId>, Option<KernelId>) {
+        let get = |slot: &AtomicU8| match slot.load(Ordering::Relaxed) {
+            0 => None,
+            i => KernelId::ALL.get(usize::from(i) - 1).copied(),
+        };
+        (get(&self.dispatched[0]), get(&self.dispatched[1]))
     }
 
     /// The kernel that runs `m` rows.
@@ -458,7 +543,7 @@ impl Linear {
             }
             _ => x,
         };
-        let run = |out: &mut [f32]| -> std::result::Result<(), int4_kernels::KernelError> {
+        let run = |out: &mut [f32]| -> std::result::Result<KernelId, int4_kernels::KernelError> {
             match &self.imp {
                 Imp::Dense(d) => d.forward(x, m, out),
                 Imp::W4a16(l) => l.forward(x, m, out),
@@ -467,15 +552,18 @@ impl Linear {
                 Imp::Int8(l) => l.forward(x, m, out),
             }
         };
-        if self.n_padded == self.n {
-            run(out).map_err(|e| Error::new("linear", e.to_string()))
+        let ran = if self.n_padded == self.n {
+            run(out).map_err(|e| Error::new("linear", e.to_string()))?
         } else {
             let mut wide = vec![0.0f32; m * self.n_padded];
-            run(&mut wide).map_err(|e| Error::new("linear", e.to_string()))?;
+            let ran = run(&mut wide).map_err(|e| Error::new("linear", e.to_string()))?;
             for r in 0..m {
                 out[r * self.n..(r + 1) * self.n].copy_from_slice(&wide[r * self.n_padded..r * self.n_padded + self.n]);
             }
-            Ok(())
-        }
+            ran
+        };
+        let index = KernelId::ALL.iter().position(|&k| k == ran).map_or(0, |i| i + 1);
+        self.dispatched[usize::from(m >= self.prefill_from)].store(index as u8, Ordering::Relaxed);
+        Ok(())
     }
 }

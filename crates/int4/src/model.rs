@@ -44,6 +44,17 @@ pub struct LayerKernels {
     pub prefill: KernelId,
 }
 
+/// The kernels one linear layer dispatched to, as it recorded them (`None`: that phase has not run).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatched {
+    /// `layers.<i>.qkv`, `layers.<i>.o_proj`, `layers.<i>.gate_up`, `layers.<i>.down` or `lm_head`.
+    pub layer: String,
+    /// The last decode-phase call's kernel.
+    pub decode: Option<KernelId>,
+    /// The last prefill-phase call's kernel.
+    pub prefill: Option<KernelId>,
+}
+
 /// A loaded model.
 pub struct Model {
     cfg: ModelConfig,
@@ -688,6 +699,20 @@ impl Model {
                 prefill: lin.kernel_for(prefill_m),
             })
             .collect()
+    }
+
+    /// What every linear layer dispatched to in each phase, as the layers recorded it when they ran.
+    pub fn dispatched(&self) -> Vec<Dispatched> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            for (name, lin) in [("qkv", &l.qkv), ("o_proj", &l.o), ("gate_up", &l.gate_up), ("down", &l.down)] {
+                let (decode, prefill) = lin.dispatched();
+                out.push(Dispatched { layer: format!("layers.{i}.{name}"), decode, prefill });
+            }
+        }
+        let (decode, prefill) = self.head.dispatched();
+        out.push(Dispatched { layer: "lm_head".into(), decode, prefill });
+        out
     }
 
     /// Bytes of weights held by the linears and the embedding.

@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
+use int4::kernels::isa::IsaCaps;
 use int4::{Architecture, Checkpoint, Model, ModelConfig, Numerics};
 use serde_json::{Value, json};
 
@@ -56,7 +57,7 @@ fn top2_gap(logits: &[f32]) -> f32 {
 fn load(name: &str) -> Model {
     let cfg = ModelConfig::from_json(&config_text(name)).unwrap();
     let ckpt = Checkpoint::open(&fixture_dir(name)).unwrap();
-    Model::load(cfg, &ckpt, Numerics::F32, None, None).unwrap()
+    Model::load(cfg, &ckpt, Numerics::f32(IsaCaps::process()), None, None).unwrap()
 }
 
 /// Runs every prompt of the fixture: the prompt's last-position logits must agree with transformers' within

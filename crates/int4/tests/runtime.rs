@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use int4::kernels::LayerSpec;
 use int4::kernels::isa::{IsaCaps, IsaLevel};
 use int4::kernels::w4a16::W4A16Config;
 use int4::layout::GroupSize;
@@ -17,12 +18,10 @@ fn load(dir: &Path, numerics: Numerics) -> Model {
 }
 
 fn w4a16(level: IsaLevel, threshold: usize) -> Numerics {
-    Numerics::W4a16 {
-        block: TinygemmBlock::N32,
-        group: GroupSize::G32,
-        config: W4A16Config { dequant_threshold: threshold, direct_dequant: true },
-        level,
-    }
+    let config = W4A16Config { dequant_threshold: threshold, direct_dequant: true };
+    let spec = LayerSpec::W4a16 { block: TinygemmBlock::N32, direct_dequant: true, prefill_from: threshold };
+    let kernels = int4::kernels::choice::at_level(spec, level, IsaCaps::process()).unwrap();
+    Numerics::W4a16 { block: TinygemmBlock::N32, group: GroupSize::G32, config, kernels }
 }
 
 fn levels() -> Vec<IsaLevel> {
@@ -41,7 +40,9 @@ const PROMPT: [u32; 12] = [1, 17, 33, 5, 90, 44, 12, 61, 7, 3, 80, 29];
 #[test]
 fn incremental_decoding_equals_one_full_forward() {
     let dir = tiny_model("incremental");
-    for numerics in [Numerics::F32, Numerics::Bf16, w4a16(*levels().last().unwrap(), 4)] {
+    for numerics in
+        [Numerics::f32(IsaCaps::process()), Numerics::bf16(IsaCaps::process()), w4a16(*levels().last().unwrap(), 4)]
+    {
         let model = load(&dir, numerics);
         let mut full = model.kv_cache(64, 1 << 30).unwrap();
         let all = model.forward(&PROMPT, &mut full, true).unwrap();
@@ -83,12 +84,12 @@ fn dequantized(name: &str, w: Vec<f32>) -> Vec<f32> {
 fn four_bit_paths_compute_the_dequantized_model() {
     let exact = tiny_model("paths-exact");
     let deq = tiny_model_with("paths-deq", dequantized);
-    let reference = load(&deq, Numerics::F32);
+    let reference = load(&deq, Numerics::f32(IsaCaps::process()));
     let mut c = reference.kv_cache(64, 1 << 30).unwrap();
     let want = reference.forward(&PROMPT, &mut c, true).unwrap();
     let norm = (want.iter().map(|x| x * x).sum::<f32>() / want.len() as f32).sqrt();
     for level in levels() {
-        for numerics in [w4a16(level, 4), w4a16(level, 100), Numerics::Wna16 { group: GroupSize::G32 }] {
+        for numerics in [w4a16(level, 4), w4a16(level, 100), Numerics::wna16(GroupSize::G32)] {
             let m = load(&exact, numerics);
             let mut c = m.kv_cache(64, 1 << 30).unwrap();
             let got = m.forward(&PROMPT, &mut c, true).unwrap();
@@ -134,7 +135,7 @@ fn greedy_tokens_are_identical_for_one_and_two_threads() {
 #[test]
 fn bad_inputs_are_clear_errors() {
     let dir = tiny_model("bad");
-    let model = load(&dir, Numerics::F32);
+    let model = load(&dir, Numerics::f32(IsaCaps::process()));
     let mut c = model.kv_cache(8, 1 << 30).unwrap();
     let e = model.forward(&[1, 2, 96], &mut c, false).unwrap_err();
     assert!(e.to_string().contains("outside the vocabulary"), "{e}");
@@ -159,7 +160,8 @@ fn bad_inputs_are_clear_errors() {
     assert!(e.to_string().contains("bytes of memory available"), "{e}");
     // A checkpoint missing a tensor, or with a wrong shape, names it.
     let cfg = ModelConfig::from_json(&CONFIG.replace("\"hidden_size\": 64", "\"hidden_size\": 32")).unwrap();
-    let e = Model::load(cfg, &Checkpoint::open(&dir).unwrap(), Numerics::F32, None, None).unwrap_err();
+    let e =
+        Model::load(cfg, &Checkpoint::open(&dir).unwrap(), Numerics::f32(IsaCaps::process()), None, None).unwrap_err();
     assert!(e.to_string().contains("shape"), "{e}");
     assert!(
         ModelConfig::from_json(r#"{"architectures": ["GPT2LMHeadModel"]}"#)

@@ -10,6 +10,8 @@ mod artifact_cache;
 mod bad_inputs;
 // Mutation fuzzing of every loader: safetensors, config.json, quantized checkpoints, artifacts.
 mod fuzz_loaders;
+// Every layer runs the kernels its plan names, at every ISA level this machine offers.
+mod kernel_choice;
 // Sessions past 4096 tokens without memory growth, and several threads on one model.
 mod long_runs;
 // The shipped Q4_1 GGUF's weights reproduced exactly by the W4A16 and W4A8 layouts.

@@ -13,14 +13,11 @@
 
 use int4_layout::{Codes, GroupSize};
 
-use crate::KernelId;
-use crate::error::{KernelError, KernelErrorKind, check_len};
+use crate::choice::{self, BoundKernels};
+use crate::error::{KernelError, check_len};
 use crate::isa::{IsaCaps, IsaLevel};
-use crate::w4a8::{ActivationScales, W4A8Kernel, W4A8Weights, gemm, quantize_activations};
-
-fn layout(why: String) -> KernelError {
-    KernelError::new(KernelErrorKind::Layout(why))
-}
+use crate::kernel_id::KernelId;
+use crate::w4a8::{ActivationScales, W4A8Kernel, W4A8Weights, gemm, is_w4a8, quantize_activations};
 
 /// 8-bit symmetric weights as two 4-bit planes (module docs).
 #[derive(Clone, Debug)]
@@ -36,7 +33,7 @@ impl Int8Weights {
     pub fn quantize(w: &[f32], n: usize, k: usize, group: GroupSize) -> Result<Self, KernelError> {
         check_len("8-bit weights", n * k, w.len())?;
         if let Some(i) = w.iter().position(|v| !v.is_finite()) {
-            return Err(layout(format!("weight {i} is {}: weights must be finite", w[i])));
+            return Err(KernelError::invalid(format!("weight {i} is {}: weights must be finite", w[i])));
         }
         let (g_len, groups) = (group.len(k), group.groups(k));
         let mut q = vec![0i8; n * k];
@@ -59,7 +56,7 @@ impl Int8Weights {
     pub fn pack(q: &[i8], scales_gn: &[f32], n: usize, k: usize, group: GroupSize) -> Result<Self, KernelError> {
         check_len("8-bit codes", n * k, q.len())?;
         if q.contains(&i8::MIN) {
-            return Err(layout("an 8-bit code is -128; codes are -127..=127".into()));
+            return Err(KernelError::invalid("an 8-bit code is -128; codes are -127..=127"));
         }
         let u = |i: usize| (i16::from(q[i]) + 128) as u8;
         let hi = Codes::from_fn(n, k, |r, c| u(r * k + c) >> 4)?;
@@ -77,12 +74,12 @@ impl Int8Weights {
     pub fn from_planes(hi: W4A8Weights, lo: W4A8Weights) -> Result<Self, KernelError> {
         let geometry = |w: &W4A8Weights| (w.n(), w.k(), w.group_len(), w.groups());
         if geometry(&hi) != geometry(&lo) {
-            return Err(layout("the two planes of 8-bit weights differ in shape".into()));
+            return Err(KernelError::invalid("the two planes of 8-bit weights differ in shape"));
         }
         let low_zeros = lo.zeros().is_some_and(|z| z.iter().all(|&z| z == 0));
         let paired = hi.scales().iter().zip(lo.scales()).all(|(h, l)| *h == 16.0 * l);
         if hi.zeros().is_some() || !low_zeros || hi.offsets().is_some() || lo.offsets().is_some() || !paired {
-            return Err(layout("the planes are not an 8-bit pair (zero points 8 and 0, scales 16:1)".into()));
+            return Err(KernelError::invalid("the planes are not an 8-bit pair (zero points 8 and 0, scales 16:1)"));
         }
         Ok(Int8Weights { hi, lo })
     }
@@ -137,27 +134,33 @@ impl Int8Weights {
 pub struct Int8Linear {
     weights: Int8Weights,
     bias: Option<Vec<f32>>,
-    kernel: W4A8Kernel,
+    kernels: BoundKernels,
     activation_scales: ActivationScales,
 }
 
 impl Int8Linear {
-    /// The layer on the kernel of exactly `level`, or a clear error naming what is missing.
+    /// The layer on the kernels of exactly `level` ([`choice::at_level`]), or a clear error naming what is
+    /// missing.
     pub fn forced(
         weights: Int8Weights,
         bias: Option<Vec<f32>>,
         level: IsaLevel,
         caps: &IsaCaps,
     ) -> Result<Self, KernelError> {
-        Self::with_kernel(weights, bias, W4A8Kernel::at_level(level, caps)?)
+        Self::with_kernels(weights, bias, choice::at_level(W4A8Kernel::spec(), level, caps)?)
     }
 
-    /// The layer on `kernel`.
-    pub fn with_kernel(weights: Int8Weights, bias: Option<Vec<f32>>, kernel: W4A8Kernel) -> Result<Self, KernelError> {
+    /// The layer on `kernels` (W4A8 kernels, bound).
+    pub fn with_kernels(
+        weights: Int8Weights,
+        bias: Option<Vec<f32>>,
+        kernels: BoundKernels,
+    ) -> Result<Self, KernelError> {
         if let Some(b) = &bias {
             check_len("bias", weights.n(), b.len())?;
         }
-        Ok(Int8Linear { weights, bias, kernel, activation_scales: ActivationScales::default() })
+        kernels.expect_family("8-bit W4A8", is_w4a8)?;
+        Ok(Int8Linear { weights, bias, kernels, activation_scales: ActivationScales::default() })
     }
 
     /// The layer with activations scaled at `granularity`.
@@ -172,18 +175,19 @@ impl Int8Linear {
 
     /// The kernel `forward` runs for `m` rows.
     pub fn kernel_for(&self, m: usize) -> KernelId {
-        self.kernel.id_for(m)
+        self.kernels.for_rows(m)
     }
 
-    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized to int8.
-    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized to int8. Returns the kernel that ran.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
+        let kernel = W4A8Kernel::for_rows(&self.kernels, m)?;
         let a = quantize_activations(x, m, &self.weights.lo, self.activation_scales)?;
-        gemm(self.kernel, &a, &self.weights.hi, self.bias.as_deref(), out)?;
+        gemm(kernel, &a, &self.weights.hi, self.bias.as_deref(), out)?;
         let mut low = vec![0.0f32; out.len()];
-        gemm(self.kernel, &a, &self.weights.lo, None, &mut low)?;
+        gemm(kernel, &a, &self.weights.lo, None, &mut low)?;
         for (o, l) in out.iter_mut().zip(&low) {
             *o += l;
         }
-        Ok(())
+        Ok(kernel.id_for(m))
     }
 }

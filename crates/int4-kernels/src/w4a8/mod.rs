@@ -53,16 +53,15 @@ use std::ops::Range;
 use int4_layout::{Codes, GroupSize};
 use rayon::prelude::*;
 
-use crate::KernelId;
 use crate::bytes::SharedBytes;
+use crate::choice::{self, BoundKernel, BoundKernels, LayerSpec};
 use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
+use crate::kernel_id::KernelId;
 use crate::tile::{TileConfig, TileError, TileUnit};
 use block::Block;
 
-/// Rows from which the AMX kernel runs on an AMX host (one full tile of rows); VNNI runs fewer. Not
-/// measured: no AMX host has been available to this project.
-pub const AMX_MIN_ROWS: usize = 16;
+pub use crate::choice::W4A8_AMX_MIN_ROWS as AMX_MIN_ROWS;
 
 /// Bytes per 16 channels × 8 input channels.
 const CHUNK: usize = 64;
@@ -287,9 +286,7 @@ impl W4A8Weights {
         if let Some(z) = &zeros {
             check_len("W4A8 zero points", groups * n, z.len())?;
             if let Some(bad) = z.iter().find(|&&z| z > 15) {
-                return Err(KernelError::new(KernelErrorKind::Layout(format!(
-                    "a W4A8 zero point is {bad}; 4-bit zero points are 0..=15"
-                ))));
+                return Err(KernelError::invalid(format!("a W4A8 zero point is {bad}; 4-bit zero points are 0..=15")));
             }
         }
         let scales = Floats::new(scales_le)?;
@@ -298,9 +295,7 @@ impl W4A8Weights {
                 check_len("W4A8 offset bytes", groups * n * 4, b.len())?;
                 let f = Floats::new(b)?;
                 if let Some(bad) = f.as_slice().iter().find(|v| !v.is_finite()) {
-                    return Err(KernelError::new(KernelErrorKind::Layout(format!(
-                        "a W4A8 float offset is {bad}; offsets must be finite"
-                    ))));
+                    return Err(KernelError::invalid(format!("a W4A8 float offset is {bad}; offsets must be finite")));
                 }
                 Some(f)
             }
@@ -505,36 +500,22 @@ pub enum W4A8Kernel {
 }
 
 impl W4A8Kernel {
-    /// The best kernel this process may run under `caps`.
-    pub fn best(caps: &IsaCaps) -> Self {
-        if let Some(t) = AmxInt8::with_caps(caps) {
-            W4A8Kernel::Amx(t)
-        } else if let Some(t) = Avx512Vnni::with_caps(caps) {
-            W4A8Kernel::Vnni(t)
-        } else if let Some(t) = Avx2Fma::with_caps(caps) {
-            W4A8Kernel::Avx2(t)
-        } else {
-            W4A8Kernel::Portable
-        }
+    /// What W4A8 layers are, for [`crate::choice::choose`]: one kernel family, whose AMX prefill takes
+    /// over from [`AMX_MIN_ROWS`] rows.
+    pub fn spec() -> LayerSpec {
+        LayerSpec::W4a8 { prefill_from: AMX_MIN_ROWS }
     }
 
-    /// The kernel of exactly `level`, or a clear error naming what is missing. Never SIGILL.
-    pub fn at_level(level: IsaLevel, caps: &IsaCaps) -> Result<Self, KernelError> {
-        let missing = |kernel, missing| KernelError::new(KernelErrorKind::Unavailable { kernel, missing });
-        Ok(match level {
-            IsaLevel::Portable => W4A8Kernel::Portable,
-            IsaLevel::Avx2 => W4A8Kernel::Avx2(Avx2Fma::with_caps(caps).ok_or(missing(
-                "w4a8-avx2",
-                "AVX2 (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
-            ))?),
-            IsaLevel::Avx512 => W4A8Kernel::Vnni(Avx512Vnni::with_caps(caps).ok_or(missing(
-                "w4a8-vnni",
-                "AVX-512 F/BW/VL with VNNI (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
-            ))?),
-            IsaLevel::Amx => W4A8Kernel::Amx(AmxInt8::with_caps(caps).ok_or(missing(
-                "w4a8-amx",
-                "AMX-INT8 usable in this process (CPUID AMX-TILE/AMX-INT8, XCR0 tile state, Linux's tile permission) and AVX-512 VNNI",
-            ))?),
+    /// The kernel that `kernels` run for `m` rows, with its token; an error unless they are W4A8 kernels.
+    pub fn for_rows(kernels: &BoundKernels, m: usize) -> Result<Self, KernelError> {
+        Ok(match kernels.bound_for_rows(m) {
+            BoundKernel::W4a8Portable => W4A8Kernel::Portable,
+            BoundKernel::W4a8Avx2(t) => W4A8Kernel::Avx2(t),
+            BoundKernel::W4a8Vnni(t) => W4A8Kernel::Vnni(t),
+            BoundKernel::W4a8Amx(t) => W4A8Kernel::Amx(t),
+            other => {
+                return Err(KernelError::new(KernelErrorKind::WrongFamily { kernel: other.id(), layer: "W4A8" }));
+            }
         })
     }
 
@@ -617,7 +598,7 @@ fn run_blocks(
             };
             per_block(&block, tile)
         })
-        .map_err(|e| KernelError::new(KernelErrorKind::Layout(format!("tile unit: {e}"))))?;
+        .map_err(KernelError::from)?;
     if m == 1 {
         out.copy_from_slice(&tiles);
     } else {
@@ -741,32 +722,43 @@ fn block_tiles<T: TileUnit>(unit: &mut T, b: &Block, kb: usize, out: &mut [f32])
 pub struct W4A8Linear {
     weights: W4A8Weights,
     bias: Option<Vec<f32>>,
-    kernel: W4A8Kernel,
+    kernels: BoundKernels,
     activation_scales: ActivationScales,
 }
 
+/// Whether `k` is a W4A8 kernel.
+pub(crate) fn is_w4a8(k: KernelId) -> bool {
+    matches!(k, KernelId::W4a8Portable | KernelId::W4a8Avx2 | KernelId::W4a8Vnni | KernelId::W4a8Amx)
+}
+
 impl W4A8Linear {
-    /// The layer on the best kernel `caps` allows.
+    /// The layer on the fastest kernels `caps` allows.
     pub fn new(weights: W4A8Weights, bias: Option<Vec<f32>>, caps: &IsaCaps) -> Result<Self, KernelError> {
-        Self::with_kernel(weights, bias, W4A8Kernel::best(caps))
+        Self::with_kernels(weights, bias, choice::best(W4A8Kernel::spec(), caps)?)
     }
 
-    /// The layer on the kernel of exactly `level`, or a clear error naming what is missing.
+    /// The layer on the kernels of exactly `level` ([`choice::at_level`]), or a clear error naming what is
+    /// missing.
     pub fn forced(
         weights: W4A8Weights,
         bias: Option<Vec<f32>>,
         level: IsaLevel,
         caps: &IsaCaps,
     ) -> Result<Self, KernelError> {
-        Self::with_kernel(weights, bias, W4A8Kernel::at_level(level, caps)?)
+        Self::with_kernels(weights, bias, choice::at_level(W4A8Kernel::spec(), level, caps)?)
     }
 
-    /// The layer on `kernel`.
-    pub fn with_kernel(weights: W4A8Weights, bias: Option<Vec<f32>>, kernel: W4A8Kernel) -> Result<Self, KernelError> {
+    /// The layer on `kernels` (a [`KernelChoice`](crate::choice::KernelChoice) of W4A8 kernels, bound).
+    pub fn with_kernels(
+        weights: W4A8Weights,
+        bias: Option<Vec<f32>>,
+        kernels: BoundKernels,
+    ) -> Result<Self, KernelError> {
         if let Some(b) = &bias {
             check_len("bias", weights.n, b.len())?;
         }
-        Ok(W4A8Linear { weights, bias, kernel, activation_scales: ActivationScales::default() })
+        kernels.expect_family("W4A8", is_w4a8)?;
+        Ok(W4A8Linear { weights, bias, kernels, activation_scales: ActivationScales::default() })
     }
 
     /// The layer with activations scaled at `granularity`.
@@ -786,12 +778,14 @@ impl W4A8Linear {
 
     /// The kernel `forward` runs for `m` rows.
     pub fn kernel_for(&self, m: usize) -> KernelId {
-        self.kernel.id_for(m)
+        self.kernels.for_rows(m)
     }
 
-    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized to int8.
-    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized to int8. Returns the kernel that ran.
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
+        let kernel = W4A8Kernel::for_rows(&self.kernels, m)?;
         let a = quantize_activations(x, m, &self.weights, self.activation_scales)?;
-        gemm(self.kernel, &a, &self.weights, self.bias.as_deref(), out)
+        gemm(kernel, &a, &self.weights, self.bias.as_deref(), out)?;
+        Ok(kernel.id_for(m))
     }
 }

@@ -1,5 +1,5 @@
 //! Whether the AMX tile instructions can execute in this process: the CPU's tile features and limits,
-//! the OS's XCR0 state and Linux's permission for the tile data.
+//! the OS's XCR0 state and Linux's permission for the tile data (both read through [`crate::os`]).
 //!
 //! A leaf module, apart from the tile unit ([`crate::x86_64::amx`]) that needs the tokens built from it:
 //! [`crate::isa`] asks it when a token is requested, and the unit asks [`crate::isa`] for the tokens.
@@ -36,9 +36,7 @@ fn probe(dot_bit: u32) -> bool {
     if !(tile && dot && osxsave) {
         return false;
     }
-    // SAFETY: CPUID.1:ECX.OSXSAVE is set (checked just above on the live CPU), the condition under which
-    // XGETBV is a valid instruction; reading XCR0 has no side effects.
-    let xcr0 = unsafe { read_xcr0() };
+    let Some(xcr0) = crate::os::xcr0() else { return false };
     if xcr0 & (0b11 << 17) != 0b11 << 17 {
         return false;
     }
@@ -49,24 +47,10 @@ fn probe(dot_bit: u32) -> bool {
     if names < 8 || bytes_per_row < 64 || max_rows < 16 || tmul_k < 16 || tmul_n < 64 {
         return false;
     }
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_ulong = 18;
-    // SAFETY: ARCH_REQ_XCOMP_PERM takes the feature number by value and touches no user memory; refusal is
-    // an error return (for example when a signal stack is too small for the tile state), never a signal.
-    let rc = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
-    rc == 0
+    crate::os::arch_prctl_request(crate::os::XFEATURE_XTILEDATA).is_ok()
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 fn probe(_dot_bit: u32) -> bool {
     false
-}
-
-/// # Safety
-/// CPUID.1:ECX.OSXSAVE must be set on the running CPU.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-#[target_feature(enable = "xsave")]
-unsafe fn read_xcr0() -> u64 {
-    // SAFETY: the caller guarantees OSXSAVE, so XGETBV is defined and XCR0 (index 0) exists.
-    unsafe { std::arch::x86_64::_xgetbv(0) }
 }

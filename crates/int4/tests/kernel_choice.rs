@@ -1,0 +1,81 @@
+//! The kernel a layer runs is the kernel its plan names: one author of the choice
+//! (`int4_kernels::choice::choose`), which the policy calls with the CPU's recorded features and every layer
+//! binds on the live CPU. Checked from what the layers recorded when they ran, not from a prediction.
+
+use int4::kernels::isa::{Feature, FeatureSet, IsaCaps, IsaLevel};
+use int4::{Engine, LoadOptions, RunPath};
+use int4_test_support::tiny_model;
+
+/// Every distinct cap this machine offers under the process caps: each level that adds a feature, and the
+/// AVX-512 CPU classes without BF16 (Skylake-SP) and without VNNI, where this CPU has them.
+fn caps_this_machine_offers() -> Vec<(String, IsaCaps)> {
+    let base = *IsaCaps::process();
+    let mut out: Vec<(String, IsaCaps)> = Vec::new();
+    let mut seen: Vec<FeatureSet> = Vec::new();
+    for level in [IsaLevel::Portable, IsaLevel::Avx2, IsaLevel::Avx512, IsaLevel::Amx] {
+        let caps = base.with_max_level(level.min(base.max_level()));
+        let features = FeatureSet::live(&caps);
+        if !seen.contains(&features) {
+            seen.push(features);
+            out.push((level.name().to_string(), caps));
+        }
+    }
+    let avx512 = base.with_max_level(IsaLevel::Avx512.min(base.max_level()));
+    for f in [Feature::Avx512Bf16, Feature::Avx512Vnni] {
+        let caps = avx512.without(f);
+        let features = FeatureSet::live(&caps);
+        if FeatureSet::live(&avx512).has(f) && !seen.contains(&features) {
+            seen.push(features);
+            out.push((format!("avx512 without {}", f.name()), caps));
+        }
+    }
+    out
+}
+
+/// For every cap the machine offers and every path, and for W4A16 also with the split-halves prefill: load
+/// the tiny model with the caps in `LoadOptions`, run one prefill of `dequant_threshold` rows and one
+/// decode, and compare what each linear layer recorded with the plan. The head runs on the last position
+/// only, so it records decode alone.
+#[test]
+fn every_layer_runs_the_kernels_its_plan_names_at_every_isa_level() {
+    let dir = tiny_model("kernel-choice");
+    let offered = caps_this_machine_offers();
+    assert!(!offered.is_empty());
+    let mut checked = 0;
+    for (name, caps) in &offered {
+        for path in RunPath::ALL {
+            for direct_dequant in [None, Some(false)] {
+                if direct_dequant.is_some() && path != RunPath::W4a16 {
+                    continue;
+                }
+                let opts = LoadOptions {
+                    path,
+                    caps: *caps,
+                    cache: None,
+                    context: 64,
+                    direct_dequant,
+                    ..LoadOptions::default()
+                };
+                let what = format!("caps {name}, path {path}, direct_dequant {direct_dequant:?}");
+                let engine = Engine::load(&dir, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let plan = engine.plan.clone();
+                // The plan never names a kernel the caps forbid: it binds under them.
+                plan.kernels().bind(caps).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let rows = plan.dequant_threshold.max(2);
+                assert!(rows <= 64, "{what}: a prefill of {rows} rows does not fit the context");
+                let prompt: Vec<u32> = (0..rows as u32).map(|i| 1 + i % 90).collect();
+                let mut kv = engine.new_cache().unwrap();
+                engine.model.forward(&prompt, &mut kv, false).unwrap();
+                engine.model.forward(&[7], &mut kv, false).unwrap();
+                for d in engine.model.dispatched() {
+                    assert_eq!(d.decode, Some(plan.decode.kernel), "{what}: {} decode", d.layer);
+                    let prefill = if d.layer == "lm_head" { None } else { Some(plan.prefill.kernel) };
+                    assert_eq!(d.prefill, prefill, "{what}: {} prefill", d.layer);
+                    checked += 1;
+                }
+                eprintln!("{what}: {} decode {} prefill {}", plan.path, plan.decode.kernel, plan.prefill.kernel);
+            }
+        }
+    }
+    assert!(checked >= offered.len() * 7 * 9, "only {checked} layers checked");
+}
