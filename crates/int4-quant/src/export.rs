@@ -671,7 +671,7 @@ pub fn quantize_checkpoint(
     let mut config_json: Value = serde_json::from_str(&config_text)
         .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: format!("not valid JSON: {e}") })?;
     let cfg = ModelConfig::from_json(&config_text)
-        .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: e.message })?;
+        .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: e.kind().to_string() })?;
     if let Some(q) = &cfg.quantization_config {
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown method");
         return Err(QuantizeError::AlreadyQuantized {
@@ -693,7 +693,7 @@ pub fn quantize_checkpoint(
     };
 
     let ckpt = Checkpoint::open(input)
-        .map_err(|e| QuantizeError::Input { path: PathBuf::from(e.context), message: e.message })?;
+        .map_err(|e| QuantizeError::Input { path: PathBuf::from(e.context()), message: e.kind().to_string() })?;
     let raw = RawIndex::open(ckpt.files())?;
     if let Some(t) =
         raw.tensors.iter().find(|t| [".qweight", ".weight_packed", ".qzeros"].iter().any(|s| t.name.ends_with(s)))
@@ -863,7 +863,10 @@ pub fn quantize_checkpoint(
                     Ok(w) => w,
                     Err(e) => {
                         let nf = find_non_finite(src, &mut sources[src.file], &raw.files[src.file], &mut buf)?;
-                        return Err(nf.unwrap_or(QuantizeError::Tensor { tensor: e.context, message: e.message }));
+                        return Err(nf.unwrap_or(QuantizeError::Tensor {
+                            tensor: e.context().to_string(),
+                            message: e.kind().to_string(),
+                        }));
                     }
                 };
                 let pre = solved.get(&part.prefix);

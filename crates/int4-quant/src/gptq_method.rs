@@ -918,9 +918,10 @@ pub(crate) fn calibrate(
             for ((slot, group), (mean, prep)) in wanted.iter().zip(&prepared) {
                 let mut fused = Vec::new();
                 for t in targets.iter().filter(|t| t.group == *group) {
-                    let w = ckpt
-                        .f32(&t.source, &[t.n, t.k])
-                        .map_err(|e| GptqError::Tensor { tensor: e.context, message: e.message })?;
+                    let w = ckpt.f32(&t.source, &[t.n, t.k]).map_err(|e| GptqError::Tensor {
+                        tensor: e.context().to_string(),
+                        message: e.kind().to_string(),
+                    })?;
                     let layout = |e: LayoutError| GptqError::Layout { layer: t.prefix.clone(), source: e };
                     let quant = solve(&w, t.n, t.k, prep, grid, &t.prefix)?;
                     let base = rtn(&w, t.n, t.k, grid).map_err(layout)?;

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, at};
 
 /// Which family member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +73,7 @@ fn get_usize(v: &Value, key: &str) -> Result<usize> {
     v.get(key)
         .and_then(Value::as_u64)
         .map(|x| x as usize)
-        .ok_or_else(|| Error::new("config.json", format!("\"{key}\" is missing or not a non-negative integer")))
+        .ok_or_else(|| Error::config("config.json", format!("\"{key}\" is missing or not a non-negative integer")))
 }
 
 fn ids(v: Option<&Value>) -> Vec<u32> {
@@ -87,19 +87,18 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 impl ModelConfig {
     /// Parses `config.json`'s contents.
     pub fn from_json(text: &str) -> Result<Self> {
-        let v: Value =
-            serde_json::from_str(text).map_err(|e| Error::new("config.json", format!("not valid JSON: {e}")))?;
+        let v: Value = serde_json::from_str(text).map_err(at("config.json"))?;
         let arch_name = v
             .get("architectures")
             .and_then(|a| a.get(0))
             .and_then(Value::as_str)
-            .ok_or_else(|| Error::new("config.json", "\"architectures\" is missing"))?;
+            .ok_or_else(|| Error::config("config.json", "\"architectures\" is missing"))?;
         let arch = match arch_name {
             "LlamaForCausalLM" | "MistralForCausalLM" => Architecture::Llama,
             "Qwen2ForCausalLM" => Architecture::Qwen2,
             "Qwen3ForCausalLM" => Architecture::Qwen3,
             other => {
-                return Err(Error::new(
+                return Err(Error::config(
                     "config.json",
                     format!("architecture {other} is not supported (Llama, Qwen2, Qwen3 families)"),
                 ));
@@ -109,7 +108,7 @@ impl ModelConfig {
         let num_heads = get_usize(&v, "num_attention_heads")?;
         let num_kv_heads = v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_heads, |x| x as usize);
         if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
-            return Err(Error::new(
+            return Err(Error::config(
                 "config.json",
                 format!("num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"),
             ));
@@ -117,7 +116,7 @@ impl ModelConfig {
         let head_dim = match v.get("head_dim").and_then(Value::as_u64) {
             Some(h) => h as usize,
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
-            None => return Err(Error::new("config.json", "hidden_size is not a multiple of num_attention_heads")),
+            None => return Err(Error::config("config.json", "hidden_size is not a multiple of num_attention_heads")),
         };
         // v5 keeps rope_theta and the scaling inside rope_parameters.
         let rope = v.get("rope_parameters").or_else(|| v.get("rope_scaling")).filter(|r| r.is_object());
@@ -134,7 +133,7 @@ impl ModelConfig {
                 let f = |k: &str| {
                     r.get(k)
                         .and_then(Value::as_f64)
-                        .ok_or_else(|| Error::new("config.json", format!("rope scaling lacks \"{k}\"")))
+                        .ok_or_else(|| Error::config("config.json", format!("rope scaling lacks \"{k}\"")))
                 };
                 Some(Llama3Rope {
                     factor: f("factor")?,
@@ -144,7 +143,7 @@ impl ModelConfig {
                 })
             }
             Some(other) => {
-                return Err(Error::new("config.json", format!("rope scaling type {other} is not supported")));
+                return Err(Error::config("config.json", format!("rope scaling type {other} is not supported")));
             }
         };
         let cfg = ModelConfig {
@@ -172,7 +171,7 @@ impl ModelConfig {
     /// Refuses sizes no real model has before anything is allocated from them: a hostile or mistyped
     /// config must be an error, not an overflow or an attempt to allocate terabytes.
     fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(Error::new("config.json", what));
+        let bad = |what: String| Err(Error::config("config.json", what));
         for (name, v, max) in [
             ("hidden_size", self.hidden_size, 1 << 18),
             ("intermediate_size", self.intermediate_size, 1 << 20),

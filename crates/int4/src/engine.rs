@@ -25,7 +25,7 @@ use int4_layout::tinygemm::TinygemmBlock;
 use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, Plan, Priority, RunPath, plan};
 
 use crate::config::ModelConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, at};
 use crate::linear::{HeadBits, Numerics};
 use crate::model::{KvCache, Model};
 use crate::quantized::QuantFormat;
@@ -180,8 +180,7 @@ impl Engine {
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let t = Instant::now();
         let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path)
-            .map_err(|e| Error::new(cfg_path.display().to_string(), e.to_string()))?;
+        let text = std::fs::read_to_string(&cfg_path).map_err(at(cfg_path.display().to_string()))?;
         let mut cfg = ModelConfig::from_json(&text)?;
         add_generation_eos(dir, &mut cfg)?;
         let mut warnings = Vec::new();
@@ -277,10 +276,10 @@ impl Engine {
         mut on_token: impl FnMut(u32) -> R,
     ) -> Result<Generation> {
         if prompt.is_empty() {
-            return Err(Error::new("prompt", "is empty: nothing to continue"));
+            return Err(Error::input("prompt", "is empty: nothing to continue"));
         }
         if cache.len() + prompt.len() > cache.capacity() {
-            return Err(Error::new(
+            return Err(Error::input(
                 "prompt",
                 format!(
                     "{} tokens do not fit the context ({} of {} used)",
@@ -380,8 +379,7 @@ fn is_default_model(dir: &Path) -> bool {
 fn add_generation_eos(dir: &Path, cfg: &mut ModelConfig) -> Result<()> {
     let path = dir.join("generation_config.json");
     let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::new(path.display().to_string(), format!("not valid JSON: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(at(path.display().to_string()))?;
     let ids: Vec<u32> = match v.get("eos_token_id") {
         Some(serde_json::Value::Number(n)) => n.as_u64().into_iter().map(|x| x as u32).collect(),
         Some(serde_json::Value::Array(a)) => a.iter().filter_map(serde_json::Value::as_u64).map(|x| x as u32).collect(),
@@ -404,8 +402,8 @@ fn read_quantization_config(dir: &Path, cfg: &ModelConfig) -> Result<NormalizedC
         Some(v) => Some(v.clone()),
         None if side.exists() => {
             let ctx = side.display().to_string();
-            let text = std::fs::read_to_string(&side).map_err(|e| Error::new(&ctx, e.to_string()))?;
-            let mut v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::new(&ctx, e.to_string()))?;
+            let text = std::fs::read_to_string(&side).map_err(at(&ctx))?;
+            let mut v: serde_json::Value = serde_json::from_str(&text).map_err(at(&ctx))?;
             if let Some(o) = v.as_object_mut() {
                 o.entry("quant_method").or_insert_with(|| "gptq".into());
             }
@@ -414,7 +412,7 @@ fn read_quantization_config(dir: &Path, cfg: &ModelConfig) -> Result<NormalizedC
         None => None,
     };
     let source = if cfg.quantization_config.is_some() { dir.join("config.json") } else { side };
-    normalize(raw.as_ref()).map_err(|e| Error::new(source.display().to_string(), e.to_string()))
+    normalize(raw.as_ref()).map_err(at(source.display().to_string()))
 }
 
 /// The key of the artifact a load produces: the checkpoint's quantization (for an unquantized one, the
@@ -436,7 +434,7 @@ fn artifact_key(
             "direct_dequant": plan.direct_dequant,
             "dequant_threshold": plan.dequant_threshold,
         });
-        normalize(Some(&config)).map_err(|e| Error::new("quantization", e.to_string()))?
+        normalize(Some(&config)).map_err(at("quantization"))?
     } else {
         checkpoint.clone()
     };
@@ -451,8 +449,7 @@ fn artifact_key(
         .collect();
     let index = store.dir().join("sources.json");
     let _ = std::fs::create_dir_all(store.dir());
-    let source =
-        SourceIdentity::of_files(&ckpt.files(), Some(&index)).map_err(|e| Error::new("checkpoint", e.to_string()))?;
+    let source = SourceIdentity::of_files(&ckpt.files(), Some(&index)).map_err(at("checkpoint"))?;
     let key = ArtifactKey::new(quantization, plan, features, source);
     Ok(match numerics {
         Numerics::W4a8 { head: HeadBits::Eight, .. } => key.with_option("head_bits", serde_json::json!(8)),
@@ -492,8 +489,7 @@ impl Engine {
     /// headers and hashes (or recalls) the checkpoint, but quantizes nothing.
     pub fn describe(dir: &Path, opts: &LoadOptions) -> Result<ModelInfo> {
         let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path)
-            .map_err(|e| Error::new(cfg_path.display().to_string(), e.to_string()))?;
+        let text = std::fs::read_to_string(&cfg_path).map_err(at(cfg_path.display().to_string()))?;
         let cfg = ModelConfig::from_json(&text)?;
         let quantization = read_quantization_config(dir, &cfg)?;
         let format = QuantFormat::from_config(&quantization)?;
@@ -577,7 +573,10 @@ impl Engine {
         let mut out = Vec::with_capacity(n);
         for (prompt, cache) in prompts.iter().zip(&mut caches) {
             if prompt.is_empty() || prompt.len() > cache.capacity() {
-                return Err(Error::new("prompt", format!("{} tokens: empty, or more than the context", prompt.len())));
+                return Err(Error::input(
+                    "prompt",
+                    format!("{} tokens: empty, or more than the context", prompt.len()),
+                ));
             }
             let t = Instant::now();
             let mut l = Vec::new();
@@ -650,11 +649,11 @@ impl Engine {
 /// to this process (an error, naming the kernel and what is missing, when a CPU profile promised more
 /// than this CPU has).
 fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> Result<(Numerics, Plan)> {
-    let snap = int4_select::snapshot_for_policy().map_err(|e| Error::new("CPU profile", e.to_string()))?;
+    let snap = int4_select::snapshot_for_policy().map_err(at("CPU profile"))?;
     let overrides =
         Overrides { path: opts.path, caps: opts.caps, direct_dequant: opts.direct_dequant, ..Overrides::default() };
-    let p = plan(&snap, kind, opts.priority, &overrides).map_err(|e| Error::new("path", e.to_string()))?;
-    let kernels = p.kernels().bind(&opts.caps).map_err(|e| Error::new(format!("path {}", p.path), e.to_string()))?;
+    let p = plan(&snap, kind, opts.priority, &overrides).map_err(at("path"))?;
+    let kernels = p.kernels().bind(&opts.caps).map_err(at(format!("path {}", p.path)))?;
     let numerics = match p.layout {
         PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 => Numerics::W4a16 {
             block: if p.layout == PackedLayout::Tinygemm64 { TinygemmBlock::N64 } else { TinygemmBlock::N32 },

@@ -52,7 +52,7 @@ mod weights;
 
 pub use config::{Architecture, Llama3Rope, ModelConfig};
 pub use engine::{Engine, Generation, LoadOptions, ModelInfo, Next, PackProgress, PackedFrom, StopReason};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use linear::{HeadBits, INT8_GROUP, Linear, Numerics, SectionSource};
 pub use model::{
     Dispatched, ForwardObserver, KvCache, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, linear_specs,

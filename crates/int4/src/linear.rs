@@ -16,7 +16,7 @@ use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
 use int4_layout::tinygemm::TinygemmBlock;
 use int4_layout::{GroupParams, GroupSize, rowmajor};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, at};
 use crate::quantized::{IntegerZeros, QuantLinear};
 
 /// How a model's linear layers are run: the weights' form, and the kernels (chosen, and bound to this
@@ -199,7 +199,10 @@ fn read_permutation(name: &str, bytes: &[u8], k: usize) -> Result<Vec<u32>> {
     let valid =
         bytes.len() == 4 * k && p.iter().all(|&i| (i as usize) < k && !std::mem::replace(&mut seen[i as usize], true));
     if !valid {
-        return Err(Error::new(name, format!("the stored input permutation is not a permutation of {k} channels")));
+        return Err(Error::artifact(
+            name,
+            format!("the stored input permutation is not a permutation of {k} channels"),
+        ));
     }
     Ok(p)
 }
@@ -231,15 +234,14 @@ impl Linear {
         bias: Option<Vec<f32>>,
         numerics: Numerics,
     ) -> Result<Self> {
-        let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
         let prefill_from = numerics.kernels().choice().prefill_from;
         let imp = match numerics {
             Numerics::F32 { kernels } => {
-                Imp::Dense(DenseLinear::with_kernels(n, k, DenseWeights::F32(w), bias, kernels).map_err(|e| err(&e))?)
+                Imp::Dense(DenseLinear::with_kernels(n, k, DenseWeights::F32(w), bias, kernels).map_err(at(name))?)
             }
             Numerics::Bf16 { kernels } => {
                 let wb = w.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                Imp::Dense(DenseLinear::with_kernels(n, k, DenseWeights::Bf16(wb), bias, kernels).map_err(|e| err(&e))?)
+                Imp::Dense(DenseLinear::with_kernels(n, k, DenseWeights::Bf16(wb), bias, kernels).map_err(at(name))?)
             }
             Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } | Numerics::W8a8 { .. } => {
                 let mut sections: Vec<(String, SharedBytes)> =
@@ -268,19 +270,18 @@ impl Linear {
 
     /// Packs a quantized checkpoint's codes and parameters for `numerics`: the sections an artifact stores.
     pub fn pack_codes(name: &str, q: QuantLinear, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
-        let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
         let QuantLinear { codes, params, zeros, perm } = q;
         let mut out = match numerics {
             Numerics::F32 { .. } | Numerics::Bf16 { .. } => return Ok(Vec::new()),
             Numerics::W8a8 { .. } => {
-                return Err(Error::new(
+                return Err(Error::input(
                     name,
                     "8-bit weights are quantized from unquantized weights; this layer is stored in 4 bits",
                 ));
             }
             Numerics::W4a16 { block, config, .. } => {
                 let (codes, params) = (codes.padded_n(16), params.padded_n(16));
-                let weights = W4A16Weights::new(&codes, params, block, config.direct_dequant).map_err(|e| err(&e))?;
+                let weights = W4A16Weights::new(&codes, params, block, config.direct_dequant).map_err(at(name))?;
                 let mut out = vec![
                     (section(name, "tinygemm"), weights.packed().to_vec()),
                     (section(name, "lane_params"), weights.lane_params_le_bytes()),
@@ -291,7 +292,7 @@ impl Linear {
                 out
             }
             Numerics::Wna16 { .. } => vec![
-                (section(name, "rowmajor"), rowmajor::pack(&codes).map_err(|e| err(&e))?),
+                (section(name, "rowmajor"), rowmajor::pack(&codes).map_err(at(name))?),
                 (section(name, "params"), params.to_le_bytes()),
             ],
             Numerics::W4a8 { group, .. } => {
@@ -311,7 +312,7 @@ impl Linear {
                     None => (None, Some(transpose_to_gn(n, np, groups, 0.0, |row, g| params.zero(row, g)))),
                 };
                 let w = W4A8Weights::pack(&codes, &scales_gn, zeros_gn.as_deref(), offsets_gn.as_deref(), group)
-                    .map_err(|e| err(&e))?;
+                    .map_err(at(name))?;
                 let mut out = vec![
                     (section(name, "w4a8"), w.packed().to_vec()),
                     (section(name, "w4a8_scales"), w.scales_le_bytes()),
@@ -335,12 +336,11 @@ impl Linear {
     /// for every 4-bit numerics) and packs it for `numerics`: the named byte sections an artifact stores
     /// for this layer. Empty for the unquantized numerics.
     pub fn pack(name: &str, w: Vec<f32>, n: usize, k: usize, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
-        let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
         match numerics {
             Numerics::F32 { .. } | Numerics::Bf16 { .. } => Ok(Vec::new()),
             Numerics::W4a16 { group, .. } | Numerics::Wna16 { group, .. } | Numerics::W4a8 { group, .. } => {
                 let q =
-                    quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(|e| err(&e))?;
+                    quantize_asymmetric(&w, n, k, group, ScaleSearch::Off, ParamPrecision::F32).map_err(at(name))?;
                 drop(w);
                 let q = QuantLinear { codes: q.codes, params: q.params, zeros: IntegerZeros::Absent, perm: None };
                 Self::pack_codes(name, q, numerics)
@@ -350,7 +350,7 @@ impl Linear {
                 let np = n.next_multiple_of(16);
                 let mut w = w;
                 w.resize(np * k, 0.0);
-                let q = Int8Weights::quantize(&w, np, k, INT8_GROUP).map_err(|e| err(&e))?;
+                let q = Int8Weights::quantize(&w, np, k, INT8_GROUP).map_err(at(name))?;
                 Ok(vec![
                     (section(name, "int8_hi"), q.hi().packed().to_vec()),
                     (section(name, "int8_lo"), q.lo().packed().to_vec()),
@@ -370,9 +370,9 @@ impl Linear {
         numerics: Numerics,
         get: SectionSource,
     ) -> Result<Self> {
-        let err = |e: &dyn std::fmt::Display| Error::new(name, e.to_string());
         let need = |part: &str| {
-            get(&section(name, part)).ok_or_else(|| Error::new(name, format!("the artifact has no section \"{part}\"")))
+            get(&section(name, part))
+                .ok_or_else(|| Error::artifact(name, format!("the artifact has no section \"{part}\"")))
         };
         let prefill_from = numerics.kernels().choice().prefill_from;
         let perm = match get(&section(name, "perm")) {
@@ -381,7 +381,7 @@ impl Linear {
         };
         let layer = match numerics {
             Numerics::F32 { .. } | Numerics::Bf16 { .. } => {
-                return Err(Error::new(
+                return Err(Error::input(
                     name,
                     "unquantized layers are built from the checkpoint, not from packed sections",
                 ));
@@ -396,17 +396,17 @@ impl Linear {
                     block,
                     halves,
                 )
-                .map_err(|e| err(&e))?;
+                .map_err(at(name))?;
                 let bias = bias.map(|mut b| {
                     b.resize(np, 0.0);
                     b
                 });
-                let imp = Imp::W4a16(W4A16Linear::new(weights, bias, config, kernels).map_err(|e| err(&e))?);
+                let imp = Imp::W4a16(W4A16Linear::new(weights, bias, config, kernels).map_err(at(name))?);
                 Parts { n, k, n_padded: np, perm: None, imp, prefill_from }
             }
             Numerics::Wna16 { group, .. } => {
-                let params = GroupParams::from_le_bytes(n, k, group, &need("params")?).map_err(|e| err(&e))?;
-                let imp = Imp::Wna16(Wna16Linear::new(need("rowmajor")?, params, bias).map_err(|e| err(&e))?);
+                let params = GroupParams::from_le_bytes(n, k, group, &need("params")?).map_err(at(name))?;
+                let imp = Imp::Wna16(Wna16Linear::new(need("rowmajor")?, params, bias).map_err(at(name))?);
                 Parts { n, k, n_padded: n, perm: None, imp, prefill_from }
             }
             Numerics::W4a8 { group, kernels, activations, .. } => {
@@ -418,12 +418,12 @@ impl Linear {
                     get(&section(name, "w4a8_offsets")),
                     (np, k, group),
                 )
-                .map_err(|e| err(&e))?;
+                .map_err(at(name))?;
                 let bias = bias.map(|mut b| {
                     b.resize(np, 0.0);
                     b
                 });
-                let layer = W4A8Linear::with_kernels(weights, bias, kernels).map_err(|e| err(&e))?;
+                let layer = W4A8Linear::with_kernels(weights, bias, kernels).map_err(at(name))?;
                 let imp = Imp::W4a8(layer.with_activation_scales(activations));
                 Parts { n, k, n_padded: np, perm: None, imp, prefill_from }
             }
@@ -438,13 +438,13 @@ impl Linear {
                 let zeros: SharedBytes = vec![0u8; INT8_GROUP.groups(k) * np].into();
                 let hi = W4A8Weights::from_parts(need("int8_hi")?, hi_scales.into(), None, None, dims);
                 let lo = W4A8Weights::from_parts(need("int8_lo")?, lo_scales, Some(zeros), None, dims);
-                let weights = Int8Weights::from_planes(hi.map_err(|e| err(&e))?, lo.map_err(|e| err(&e))?)
-                    .map_err(|e| err(&e))?;
+                let weights =
+                    Int8Weights::from_planes(hi.map_err(at(name))?, lo.map_err(at(name))?).map_err(at(name))?;
                 let bias = bias.map(|mut b| {
                     b.resize(np, 0.0);
                     b
                 });
-                let layer = Int8Linear::with_kernels(weights, bias, kernels).map_err(|e| err(&e))?;
+                let layer = Int8Linear::with_kernels(weights, bias, kernels).map_err(at(name))?;
                 let imp = Imp::Int8(layer.with_activation_scales(activations));
                 Parts { n, k, n_padded: np, perm: None, imp, prefill_from }
             }
@@ -496,9 +496,9 @@ impl Linear {
     pub fn decode_row(&self, row: usize, out: &mut [f32]) -> Option<Result<()>> {
         let res = match &self.imp {
             Imp::Dense(_) => return None,
-            Imp::W4a16(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
-            Imp::W4a8(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
-            Imp::Int8(l) => l.weights().decode_row(row, out).map_err(|e| Error::new("embedding", e.to_string())),
+            Imp::W4a16(l) => l.weights().decode_row(row, out).map_err(at("embedding")),
+            Imp::W4a8(l) => l.weights().decode_row(row, out).map_err(at("embedding")),
+            Imp::Int8(l) => l.weights().decode_row(row, out).map_err(at("embedding")),
             Imp::Wna16(l) => {
                 let bytes = &l.row_major()[row * self.k / 2..(row + 1) * self.k / 2];
                 let mut codes = vec![0u8; self.k];
@@ -553,10 +553,10 @@ impl Linear {
             }
         };
         let ran = if self.n_padded == self.n {
-            run(out).map_err(|e| Error::new("linear", e.to_string()))?
+            run(out).map_err(at("linear"))?
         } else {
             let mut wide = vec![0.0f32; m * self.n_padded];
-            let ran = run(&mut wide).map_err(|e| Error::new("linear", e.to_string()))?;
+            let ran = run(&mut wide).map_err(at("linear"))?;
             for r in 0..m {
                 out[r * self.n..(r + 1) * self.n].copy_from_slice(&wide[r * self.n_padded..r * self.n_padded + self.n]);
             }

@@ -439,7 +439,7 @@ impl LinearSpec {
             return Ok(None);
         }
         if stored != prefixes.len() {
-            return Err(Error::new(
+            return Err(Error::checkpoint(
                 &self.name,
                 "some of the fused layers are quantized in the checkpoint and some are not",
             ));
@@ -659,9 +659,9 @@ impl Model {
             .checked_mul(self.cfg.num_layers)
             .and_then(|x| x.checked_mul(context))
             .and_then(|x| x.checked_mul(width * 4))
-            .ok_or_else(|| Error::new("KV cache", "size overflows"))?;
+            .ok_or_else(|| Error::input("KV cache", "size overflows"))?;
         if need > max_bytes {
-            return Err(Error::new(
+            return Err(Error::input(
                 "KV cache",
                 format!("{context} positions need {need} bytes, more than the {max_bytes} allowed"),
             ));
@@ -671,7 +671,7 @@ impl Model {
         if let Some(available) = available_memory()
             && need > available
         {
-            return Err(Error::new(
+            return Err(Error::input(
                 "KV cache",
                 format!(
                     "{context} positions need {need} bytes, more than the {available} bytes of memory available \
@@ -744,7 +744,7 @@ impl Model {
         let h = self.cfg.hidden_size;
         let t = token as usize;
         if t >= self.cfg.vocab_size {
-            return Err(Error::new(
+            return Err(Error::input(
                 "input",
                 format!("token id {token} is outside the vocabulary ({})", self.cfg.vocab_size),
             ));
@@ -793,7 +793,7 @@ impl Model {
                 let l = self
                     .layers
                     .get_mut(layer)
-                    .ok_or_else(|| Error::new("set_linear", format!("no decoder layer {layer}")))?;
+                    .ok_or_else(|| Error::input("set_linear", format!("no decoder layer {layer}")))?;
                 match slot {
                     LinearSlot::Qkv => &mut l.qkv,
                     LinearSlot::O => &mut l.o,
@@ -804,7 +804,7 @@ impl Model {
         };
         let (n, k) = (target.n(), target.k());
         if w.len() != n * k {
-            return Err(Error::new("set_linear", format!("{} weights for a {n} x {k} layer", w.len())));
+            return Err(Error::input("set_linear", format!("{} weights for a {n} x {k} layer", w.len())));
         }
         *target = Linear::build(&format!("{layer}.{slot:?}"), w, n, k, bias, numerics)?;
         Ok(())
@@ -816,7 +816,7 @@ impl Model {
     /// not depend on the other rows while the batch stays below the prefill threshold.
     pub fn forward_batch(&self, tokens: &[u32], caches: &mut [&mut KvCache]) -> Result<Vec<f32>> {
         if tokens.len() != caches.len() {
-            return Err(Error::new("batch", format!("{} tokens for {} sequences", tokens.len(), caches.len())));
+            return Err(Error::input("batch", format!("{} tokens for {} sequences", tokens.len(), caches.len())));
         }
         let seq: Vec<usize> = (0..tokens.len()).collect();
         self.forward_rows(tokens, &seq, caches, &seq, None)
@@ -841,7 +841,7 @@ impl Model {
         let cfg = &self.cfg;
         let m = tokens.len();
         if m == 0 {
-            return Err(Error::new("input", "no tokens to run"));
+            return Err(Error::input("input", "no tokens to run"));
         }
         // Each row's position: its cache's length plus the rows of the same sequence before it.
         let mut next: Vec<usize> = caches.iter().map(|c| c.len).collect();
@@ -853,10 +853,10 @@ impl Model {
         let width = cfg.num_kv_heads * cfg.head_dim;
         for (c, &end) in caches.iter().zip(&next) {
             if c.k.len() != cfg.num_layers || c.width != width {
-                return Err(Error::new("KV cache", "was made for another model"));
+                return Err(Error::input("KV cache", "was made for another model"));
             }
             if end > c.capacity {
-                return Err(Error::new(
+                return Err(Error::input(
                     "context",
                     format!("{end} positions exceed the context of {} chosen for this session", c.capacity),
                 ));

@@ -21,7 +21,7 @@ use int4_layout::{Codes, GroupParams, GroupSize, rowmajor};
 use int4_select::policy::CheckpointKind;
 use serde_json::Value;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::weights::Checkpoint;
 
 /// A quantized checkpoint's format, from its normalised `quantization_config`.
@@ -56,7 +56,7 @@ impl QuantFormat {
     /// Reads the normalised config; `None` for an unquantized checkpoint.
     pub fn from_config(cfg: &NormalizedConfig) -> Result<Option<Self>> {
         let field = |k: &str| cfg.fields.get(k).cloned().unwrap_or(Value::Null);
-        let bad = |what: String| Error::new("quantization_config", what);
+        let bad = |what: String| Error::config("quantization_config", what);
         if cfg.method == "none" {
             return Ok(None);
         }
@@ -168,10 +168,10 @@ impl QuantLinear {
     /// Stacks layers that share an input (q/k/v, gate/up) along N. Their act-order permutations must be
     /// equal (they are when the quantizer saw the same inputs, as GPTQ's do).
     pub fn stack(parts: Vec<QuantLinear>, name: &str) -> Result<QuantLinear> {
-        let first = parts.first().ok_or_else(|| Error::new(name, "nothing to stack"))?;
+        let first = parts.first().ok_or_else(|| Error::checkpoint(name, "nothing to stack"))?;
         let (k, group, perm) = (first.codes.k(), first.params.group_size(), first.perm.clone());
         if parts.iter().any(|p| p.perm != perm || p.codes.k() != k || p.params.group_size() != group) {
-            return Err(Error::new(
+            return Err(Error::checkpoint(
                 name,
                 "the fused layers' act-order permutations (g_idx) or group sizes differ: they cannot share one input",
             ));
@@ -190,7 +190,7 @@ impl QuantLinear {
             let each: Option<Vec<Vec<u8>>> = parts.iter().map(|p| p.zeros.per_group(p.codes.n(), groups)).collect();
             each.map_or(IntegerZeros::Absent, |z| IntegerZeros::PerGroup(z.concat()))
         };
-        let err = |e: int4_layout::LayoutError| Error::new(name, e.to_string());
+        let err = |e: int4_layout::LayoutError| Error::new(name, ErrorKind::from(e));
         Ok(QuantLinear {
             codes: Codes::new(n, k, codes).map_err(err)?,
             params: GroupParams::new(n, k, group, scale, zero).map_err(err)?,
@@ -202,14 +202,17 @@ impl QuantLinear {
 
 /// Reads the quantized linear `prefix` of shape `n × k`.
 pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: &QuantFormat) -> Result<QuantLinear> {
-    let err = |e: int4_layout::LayoutError| Error::new(prefix, e.to_string());
+    let err = |e: int4_layout::LayoutError| Error::new(prefix, ErrorKind::from(e));
     let group = format.group();
     let groups = group.groups(k);
     let t = |suffix: &str| format!("{prefix}.{suffix}");
     match format {
         QuantFormat::CpuInt4 { .. } => {
             if !k.is_multiple_of(2) {
-                return Err(Error::new(prefix, format!("K = {k} is odd: cpu_int4 packs pairs of input channels")));
+                return Err(Error::checkpoint(
+                    prefix,
+                    format!("K = {k} is odd: cpu_int4 packs pairs of input channels"),
+                ));
             }
             let packed = ckpt.u8(&t("weight_packed"), &[n, k / 2])?;
             let codes = rowmajor::unpack(&packed, n, k).map_err(err)?;
@@ -224,7 +227,7 @@ pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: 
         }
         QuantFormat::Gptq { sym, zeros, .. } => {
             if !k.is_multiple_of(8) || !n.is_multiple_of(8) {
-                return Err(Error::new(
+                return Err(Error::checkpoint(
                     prefix,
                     format!("GPTQ packs 8 codes per word: N = {n} and K = {k} must be multiples of 8"),
                 ));
@@ -243,7 +246,7 @@ pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: 
             };
             let zp = zero_points.as_deref();
             if let Some(z) = zp.and_then(|z| z.iter().find(|&&z| z > 15)) {
-                return Err(Error::new(
+                return Err(Error::checkpoint(
                     prefix,
                     format!("a zero point reads as {z}: a v1 checkpoint that stored zero 0"),
                 ));
@@ -263,7 +266,7 @@ pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: 
         }
         QuantFormat::Awq { zero_point, .. } => {
             if !n.is_multiple_of(8) {
-                return Err(Error::new(
+                return Err(Error::checkpoint(
                     prefix,
                     format!("AWQ packs 8 columns per word: N = {n} must be a multiple of 8"),
                 ));

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, at};
 
 /// One chat message.
 #[derive(Clone, Debug, Serialize)]
@@ -45,11 +45,11 @@ impl TextCodec {
     pub fn load(dir: &Path) -> Result<Self> {
         let tj = dir.join("tokenizer.json");
         let tokenizer =
-            tokenizers::Tokenizer::from_file(&tj).map_err(|e| Error::new(tj.display().to_string(), e.to_string()))?;
+            tokenizers::Tokenizer::from_file(&tj).map_err(|e| Error::tokenizer(tj.display().to_string(), e))?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Option<serde_json::Value> = std::fs::read_to_string(&cfg_path)
             .ok()
-            .map(|t| serde_json::from_str(&t).map_err(|e| Error::new(cfg_path.display().to_string(), e.to_string())))
+            .map(|t| serde_json::from_str(&t).map_err(at(cfg_path.display().to_string())))
             .transpose()?;
         let jinja = dir.join("chat_template.jinja");
         let chat_template = match std::fs::read_to_string(&jinja) {
@@ -66,32 +66,32 @@ impl TextCodec {
 
     /// Token ids of `text` (no special tokens added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.tokenizer.encode(text, false).map_err(|e| Error::new("tokenizer", e.to_string()))?;
+        let enc = self.tokenizer.encode(text, false).map_err(|e| Error::tokenizer("tokenizer", e))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids` (special tokens kept).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer.decode(ids, false).map_err(|e| Error::new("tokenizer", e.to_string()))
+        self.tokenizer.decode(ids, false).map_err(|e| Error::tokenizer("tokenizer", e))
     }
 
     /// Text of `ids` for people to read: special tokens (`<|im_end|>`, ...) left out.
     pub fn decode_for_display(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer.decode(ids, true).map_err(|e| Error::new("tokenizer", e.to_string()))
+        self.tokenizer.decode(ids, true).map_err(|e| Error::tokenizer("tokenizer", e))
     }
 
     /// Renders the chat template over `messages`, ending with the assistant's turn opened.
     pub fn apply_chat_template(&self, messages: &[Message]) -> Result<String> {
-        let tpl = self.chat_template.as_ref().ok_or_else(|| Error::new("chat template", "the model has none"))?;
+        let tpl = self.chat_template.as_ref().ok_or_else(|| Error::config("chat template", "the model has none"))?;
         let mut env = minijinja::Environment::new();
-        env.add_template("chat", tpl).map_err(|e| Error::new("chat template", e.to_string()))?;
-        let t = env.get_template("chat").map_err(|e| Error::new("chat template", e.to_string()))?;
+        env.add_template("chat", tpl).map_err(Error::template)?;
+        let t = env.get_template("chat").map_err(Error::template)?;
         t.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => true,
             bos_token => self.bos.clone().unwrap_or_default(),
             eos_token => self.eos.clone().unwrap_or_default(),
         })
-        .map_err(|e| Error::new("chat template", e.to_string()))
+        .map_err(Error::template)
     }
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use safetensors::tensor::Dtype;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, at};
 
 struct Shard {
     path: PathBuf,
@@ -48,32 +48,32 @@ impl Checkpoint {
         let files: Vec<PathBuf> = if single.exists() {
             vec![single]
         } else if index.exists() {
-            let text =
-                std::fs::read_to_string(&index).map_err(|e| Error::new(index.display().to_string(), e.to_string()))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| Error::new(index.display().to_string(), e.to_string()))?;
+            let text = std::fs::read_to_string(&index).map_err(at(index.display().to_string()))?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(at(index.display().to_string()))?;
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| Error::new(index.display().to_string(), "no \"weight_map\" object"))?;
+                .ok_or_else(|| Error::checkpoint(index.display().to_string(), "no \"weight_map\" object"))?;
             let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
             names.sort();
             names.dedup();
             names.into_iter().map(|n| dir.join(n)).collect()
         } else {
-            return Err(Error::new(dir.display().to_string(), "no model.safetensors or model.safetensors.index.json"));
+            return Err(Error::checkpoint(
+                dir.display().to_string(),
+                "no model.safetensors or model.safetensors.index.json",
+            ));
         };
         let mut shards = Vec::new();
         let mut entries = HashMap::new();
         for path in files {
             let ctx = path.display().to_string();
-            let file = std::fs::File::open(&path).map_err(|e| Error::new(&ctx, e.to_string()))?;
+            let file = std::fs::File::open(&path).map_err(at(&ctx))?;
             // SAFETY: the mapping is read-only and private; checkpoints are not modified while a model loads
             // from them (as with any memory-mapped model file, truncating it underneath a running process
             // is outside what this program can defend against).
-            let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::new(&ctx, e.to_string()))?;
-            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
-                .map_err(|e| Error::new(&ctx, format!("not a valid safetensors file: {e}")))?;
+            let map = unsafe { Mmap::map(&file) }.map_err(at(&ctx))?;
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(at(&ctx))?;
             let data_start = 8 + header_len;
             for (name, info) in meta.tensors() {
                 let (start, end) = info.data_offsets;
@@ -117,20 +117,21 @@ impl Checkpoint {
 
     /// A tensor's raw bytes, checked against the expected shape and one of the accepted dtypes.
     fn raw(&self, name: &str, shape: &[usize], dtypes: &[Dtype]) -> Result<(&[u8], Dtype)> {
-        let e = self.entries.get(name).ok_or_else(|| Error::new(name, "tensor is missing from the checkpoint"))?;
+        let e =
+            self.entries.get(name).ok_or_else(|| Error::checkpoint(name, "tensor is missing from the checkpoint"))?;
         let shard = &self.shards[e.shard];
         let ctx = || format!("{} (in {})", name, shard.path.display());
         if e.shape != shape {
-            return Err(Error::new(ctx(), format!("shape {:?}, expected {:?}", e.shape, shape)));
+            return Err(Error::checkpoint(ctx(), format!("shape {:?}, expected {:?}", e.shape, shape)));
         }
         if !dtypes.contains(&e.dtype) {
-            return Err(Error::new(ctx(), format!("dtype {:?}, expected one of {dtypes:?}", e.dtype)));
+            return Err(Error::checkpoint(ctx(), format!("dtype {:?}, expected one of {dtypes:?}", e.dtype)));
         }
         let n: usize = shape.iter().product();
         let bytes = &shard.map[shard.data_start + e.start..shard.data_start + e.end];
         let need = n * e.dtype.bitsize() / 8;
         if bytes.len() != need {
-            return Err(Error::new(ctx(), format!("holds {} bytes, its shape needs {need}", bytes.len())));
+            return Err(Error::checkpoint(ctx(), format!("holds {} bytes, its shape needs {need}", bytes.len())));
         }
         Ok((bytes, e.dtype))
     }
@@ -148,11 +149,12 @@ impl Checkpoint {
 
     /// A tensor as f32 (from bf16, f16 or f32), checked against the expected shape.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let e = self.entries.get(name).ok_or_else(|| Error::new(name, "tensor is missing from the checkpoint"))?;
+        let e =
+            self.entries.get(name).ok_or_else(|| Error::checkpoint(name, "tensor is missing from the checkpoint"))?;
         let shard = &self.shards[e.shard];
         let ctx = format!("{} (in {})", name, shard.path.display());
         if e.shape != shape {
-            return Err(Error::new(ctx, format!("shape {:?}, expected {:?}", e.shape, shape)));
+            return Err(Error::checkpoint(ctx, format!("shape {:?}, expected {:?}", e.shape, shape)));
         }
         let bytes = &shard.map[shard.data_start + e.start..shard.data_start + e.end];
         let n: usize = shape.iter().product();
@@ -160,13 +162,13 @@ impl Checkpoint {
             Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            other => return Err(Error::new(ctx, format!("dtype {other:?} is not supported (bf16, f16, f32)"))),
+            other => return Err(Error::checkpoint(ctx, format!("dtype {other:?} is not supported (bf16, f16, f32)"))),
         };
         if out.len() != n {
-            return Err(Error::new(ctx, format!("holds {} values, its shape needs {n}", out.len())));
+            return Err(Error::checkpoint(ctx, format!("holds {} values, its shape needs {n}", out.len())));
         }
         if let Some(i) = out.iter().position(|x| !x.is_finite()) {
-            return Err(Error::new(ctx, format!("value {i} is {}", out[i])));
+            return Err(Error::checkpoint(ctx, format!("value {i} is {}", out[i])));
         }
         Ok(out)
     }
