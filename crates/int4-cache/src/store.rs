@@ -127,8 +127,8 @@ pub enum Lookup {
     Hit(MappedArtifact),
     /// No artifact for this key.
     Miss,
-    /// An artifact that failed a check; it must not be used.
-    Invalid(String),
+    /// An artifact that failed a check (the error says which); it must not be used.
+    Invalid(CacheError),
 }
 
 /// An artifact: mapped from the cache, or built in memory because the cache could not be written.
@@ -211,7 +211,7 @@ impl ArtifactStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {
                 return Lookup::Miss;
             }
-            Err(e) => return Lookup::Invalid(format!("{}: {e}", path.display())),
+            Err(e) => return Lookup::Invalid(CacheError::io(&path, e)),
         };
         match map_checked(file, &path, Some((&hash, &key.canonical()))) {
             Ok(m) => {
@@ -219,7 +219,7 @@ impl ArtifactStore {
                 let _ = m._lock.set_modified(std::time::SystemTime::now());
                 Lookup::Hit(m)
             }
-            Err(e) => Lookup::Invalid(e.to_string()),
+            Err(e) => Lookup::Invalid(e),
         }
     }
 
@@ -355,19 +355,20 @@ impl ArtifactStore {
     }
 
     /// Checks every artifact fully (header, size, payload blake3): `(key, Ok or the problem)`.
-    pub fn verify(&self) -> Vec<(String, Result<(), String>)> {
+    pub fn verify(&self) -> Vec<(String, Result<(), CacheError>)> {
         self.list()
             .into_iter()
             .map(|e| {
                 let path = self.path_for(&e.key);
+                let corrupt = |reason: String| CacheError::new(CacheErrorKind::Corrupt { path: path.clone(), reason });
                 let r = File::open(&path)
-                    .map_err(|err| err.to_string())
-                    .and_then(|f| map_checked(f, &path, None).map_err(|err| err.to_string()))
+                    .map_err(|err| CacheError::io(&path, err))
+                    .and_then(|f| map_checked(f, &path, None))
                     .and_then(|m| {
                         if m.header.key != e.key {
-                            Err(format!("header names key {}, file is named {}", m.header.key, e.key))
+                            Err(corrupt(format!("header names key {}, file is named {}", m.header.key, e.key)))
                         } else if m.payload_hash() != m.header.payload_blake3 {
-                            Err("payload blake3 does not match the header: the file is corrupt".into())
+                            Err(corrupt("payload blake3 does not match the header: the file is corrupt".into()))
                         } else {
                             Ok(())
                         }

@@ -47,6 +47,8 @@ pub enum ConvertErrorKind {
     Gguf(Box<GgufError>),
     /// An output file could not be written.
     Io(std::io::Error),
+    /// An output could not be serialized as JSON (a value JSON cannot hold, such as a NaN).
+    Json(serde_json::Error),
     /// A required metadata key or tensor is absent.
     Missing,
     /// A metadata value of the wrong type.
@@ -99,6 +101,7 @@ impl fmt::Display for ConvertError {
         match &self.kind {
             ConvertErrorKind::Gguf(_) => unreachable!("handled above"),
             ConvertErrorKind::Io(e) => write!(f, "cannot write: {e}")?,
+            ConvertErrorKind::Json(e) => write!(f, "cannot serialize: {e}")?,
             ConvertErrorKind::Missing => write!(f, "required but absent")?,
             ConvertErrorKind::WrongValueType { expected, found } => write!(f, "expected {expected}, found {found}")?,
             ConvertErrorKind::Unsupported(m) | ConvertErrorKind::Invalid(m) => write!(f, "{m}")?,
@@ -112,6 +115,7 @@ impl std::error::Error for ConvertError {
         match &self.kind {
             ConvertErrorKind::Gguf(e) => Some(e.as_ref()),
             ConvertErrorKind::Io(e) => Some(e),
+            ConvertErrorKind::Json(e) => Some(e),
             _ => None,
         }
     }
@@ -820,8 +824,8 @@ fn tmp_path(path: &Path) -> PathBuf {
 
 /// Writes pretty JSON beside `path`, then renames it into place.
 fn write_json(path: &Path, value: &impl Serialize) -> Result<(), ConvertError> {
-    let mut text = serde_json::to_vec_pretty(value)
-        .map_err(|e| ConvertError::new(path, ConvertErrorKind::Invalid(format!("cannot serialize: {e}")), "json"))?;
+    let mut text =
+        serde_json::to_vec_pretty(value).map_err(|e| ConvertError::new(path, ConvertErrorKind::Json(e), "json"))?;
     text.push(b'\n');
     let tmp = tmp_path(path);
     if let Err(e) = std::fs::write(&tmp, &text) {

@@ -22,26 +22,58 @@ pub mod snapshot;
 pub use policy::{CheckpointKind, Overrides, Plan, PolicyError, Priority, RunPath, Rung, plan};
 pub use snapshot::{AmxPermission, CpuSnapshot, Usable};
 
-/// A profile that could not be loaded.
+/// A CPU profile (`INT4_CPU_PROFILE`) that could not be loaded.
 #[derive(Debug)]
 pub struct ProfileError {
     path: String,
-    reason: String,
+    kind: ProfileErrorKind,
+}
+
+/// Why a profile could not be loaded.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ProfileErrorKind {
+    /// The file could not be read.
+    Io(std::io::Error),
+    /// The file is not a snapshot as `int4 probe --json` writes it.
+    Json(serde_json::Error),
+}
+
+impl ProfileError {
+    /// The profile's path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &ProfileErrorKind {
+        &self.kind
+    }
 }
 
 impl std::fmt::Display for ProfileError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CPU profile {}: {}", self.path, self.reason)
+        match &self.kind {
+            ProfileErrorKind::Io(e) => write!(f, "CPU profile {}: {e}", self.path),
+            ProfileErrorKind::Json(e) => write!(f, "CPU profile {}: {e}", self.path),
+        }
     }
 }
 
-impl std::error::Error for ProfileError {}
+impl std::error::Error for ProfileError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            ProfileErrorKind::Io(e) => Some(e),
+            ProfileErrorKind::Json(e) => Some(e),
+        }
+    }
+}
 
 /// Loads a snapshot saved as JSON (for example by `int4 probe --json`).
 pub fn load_profile(path: &str) -> Result<CpuSnapshot, ProfileError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ProfileError { path: path.into(), reason: e.to_string() })?;
-    let mut snap: CpuSnapshot =
-        serde_json::from_str(&text).map_err(|e| ProfileError { path: path.into(), reason: e.to_string() })?;
+    let err = |kind| ProfileError { path: path.into(), kind };
+    let text = std::fs::read_to_string(path).map_err(|e| err(ProfileErrorKind::Io(e)))?;
+    let mut snap: CpuSnapshot = serde_json::from_str(&text).map_err(|e| err(ProfileErrorKind::Json(e)))?;
     snap.source = format!("override:{path}");
     Ok(snap)
 }

@@ -286,18 +286,29 @@ impl Plan {
     }
 }
 
-/// A forced path this machine or build cannot run.
+/// A forced path this machine or build cannot run: every rung of it, each with why not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyError {
+    path: RunPath,
+    rejected: Vec<Rejection>,
+}
+
+impl PolicyError {
     /// The path asked for.
-    pub path: RunPath,
-    /// What is missing.
-    pub missing: String,
+    pub fn path(&self) -> RunPath {
+        self.path
+    }
+
+    /// Every rung of it that was tried, and why it cannot run.
+    pub fn rejected(&self) -> &[Rejection] {
+        &self.rejected
+    }
 }
 
 impl std::fmt::Display for PolicyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "path {} cannot run here: {}", self.path, self.missing)
+        let why: Vec<String> = self.rejected.iter().map(|r| format!("{}: {}", r.path, r.why)).collect();
+        write!(f, "path {} cannot run here: {}", self.path, why.join("; "))
     }
 }
 
@@ -562,10 +573,7 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
             }
         }
     }
-    Err(PolicyError {
-        path: o.path,
-        missing: rejected.iter().map(|r| format!("{}: {}", r.path, r.why)).collect::<Vec<_>>().join("; "),
-    })
+    Err(PolicyError { path: o.path, rejected })
 }
 
 #[cfg(test)]
