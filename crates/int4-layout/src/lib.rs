@@ -11,6 +11,7 @@
 //! | tinygemm `[N/64][K][32]` (and `[N/32][K][16]`) | [`tinygemm`] | the W4A16 kernels, prefill dequant, embedding lookup |
 //! | split halves `[N][K/2]` | [`halves`] | the `direct_dequant: false` prefill |
 //! | GPTQ `qweight`/`qzeros`/`scales`/`g_idx`, AWQ | [`gptq`] | GPTQ/AWQ checkpoints, the W4A8 repack |
+//! | W4A8 blocks `[N/16][Kp/8][64]`, parameters `[N/16][G][16]` | [`w4a8`] | the W4A8 kernels (byte dot products) |
 //!
 //! [`convert`] maps integer zero points onto tinygemm's float zero. Each layout module documents its
 //! index-to-byte map in words and exposes it as a `locate` function; the tests pack index patterns and check
@@ -43,6 +44,7 @@ pub mod grid;
 pub mod halves;
 pub mod rowmajor;
 pub mod tinygemm;
+pub mod w4a8;
 
 pub use codes::{Codes, GroupParams, GroupSize, dequantize};
 pub use error::{LayoutError, LayoutErrorKind, Result};

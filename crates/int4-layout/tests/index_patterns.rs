@@ -7,7 +7,7 @@ mod common;
 
 use common::{PROOF_N, assert_index_pattern, index_plane, planes_for};
 use int4_layout::tinygemm::{self, TinygemmBlock, TinygemmMatrix};
-use int4_layout::{gptq, halves, rowmajor};
+use int4_layout::{GroupSize, gptq, halves, rowmajor, w4a8};
 
 const PROOF_K: [usize; 5] = [2, 8, 64, 130, 576];
 
@@ -125,4 +125,68 @@ fn gptq_qzeros_map_is_packed_along_n() {
             assert_eq!(nib as u8, zeros[g * n + c]);
         }
     }
+}
+
+#[test]
+fn w4a8_block_map() {
+    for group in [GroupSize::G32, GroupSize::G128, GroupSize::PerChannel] {
+        for n in PROOF_N {
+            for k in PROOF_K {
+                let kp = w4a8::padded_k(group, k);
+                let packed = planes(n, k, |c| w4a8::pack(c, group).unwrap());
+                assert_index_pattern(n, k, |p, r, c| w4a8::locate(r, c, kp).read(&packed[p]), "W4A8 blocks");
+                let unpacked: Vec<_> = packed.iter().map(|b| w4a8::unpack(b, n, k, group).unwrap()).collect();
+                assert_index_pattern(n, k, |p, r, c| unpacked[p].get(r, c), "w4a8::unpack");
+                // The padding is zero codes: every byte the map does not reach is 0.
+                let mut reached = vec![0u8; packed[0].len()];
+                for r in 0..n {
+                    for c in 0..k {
+                        let loc = w4a8::locate(r, c, kp);
+                        reached[loc.byte] |= if loc.high { 0xF0 } else { 0x0F };
+                    }
+                }
+                for plane in &packed {
+                    assert!(plane.iter().zip(&reached).all(|(b, m)| b & !m == 0), "N={n} K={k}: padding not zero");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn w4a8_map_matches_its_description() {
+    // Byte 4c + i of chunk j holds channel c's code for k = 8j + i (low) and k = 8j + 4 + i (high).
+    let k = 16;
+    let kp = w4a8::padded_k(GroupSize::G32, k);
+    assert_eq!(kp, 32, "K is padded to the tile K block");
+    for c in 0..16 {
+        for i in 0..4 {
+            assert_eq!(w4a8::locate(c, 8 + i, kp), int4_layout::NibbleLoc { byte: 64 + 4 * c + i, high: false });
+            assert_eq!(w4a8::locate(c, 12 + i, kp), int4_layout::NibbleLoc { byte: 64 + 4 * c + i, high: true });
+        }
+    }
+    // The second block of 16 channels starts after the first block's Kp/8 chunks.
+    assert_eq!(w4a8::locate(16, 0, kp).byte, kp / 8 * 64);
+}
+
+#[test]
+fn w4a8_parameters_in_block_order() {
+    for n in PROOF_N {
+        for groups in [1, 3, 18] {
+            let gn: Vec<usize> = (0..groups * n).collect();
+            let blocks = w4a8::to_block_order(&gn, n, groups).unwrap();
+            for g in 0..groups {
+                for col in 0..n {
+                    assert_eq!(blocks[w4a8::param_index(groups, g, col)], g * n + col, "N={n} G={groups}");
+                }
+            }
+            // A block's parameters for all its groups are contiguous: block nb spans nb·G·16 .. (nb+1)·G·16.
+            for nb in 0..n / 16 {
+                let span = &blocks[nb * groups * 16..(nb + 1) * groups * 16];
+                assert!(span.iter().all(|&i| (i % n) / 16 == nb), "N={n} G={groups} block {nb}");
+            }
+            assert_eq!(w4a8::from_block_order(&blocks, n, groups).unwrap(), gn);
+        }
+    }
+    assert!(w4a8::to_block_order(&[0u8; 24], 24, 1).is_err(), "N must be a multiple of 16");
 }

@@ -24,18 +24,14 @@
 //!
 //! # Layout
 //!
-//! 4-bit, as stored: per 16 output channels, per 8 input channels, 64 bytes; byte `4c + i` holds
-//! channel `c`'s codes for `k = 8j + i` (low nibble) and `k = 8j + 4 + i` (high nibble). One 64-byte load
-//! is a VNNI pair of K quads for 16 channels (AVX-512: one register; AVX2: two), unpacked with one AND and
-//! one shift. The AMX kernel expands one 16-channel block at a time into a byte tile buffer (the B tiles
-//! in VNNI order), so the resident weights stay at 4 bits. K is padded with zero codes to the tile K block
-//! (32 for groups of 32, else 64); padded activations are zero.
-//!
-//! The group parameters (scales, zero points, offsets) are stored in the same blocks, `[N/16][G][16]`: a
-//! block's parameters for all its groups are contiguous, so a kernel streaming the blocks reads them as
-//! one sequential stream beside the codes. (In `[G][N]` order each block's parameters lay in G places
-//! N·4 bytes apart; with the weights coming from memory, K = 6656 at g128 (52 groups) then ran at
-//! 17–20 GB/s instead of 27, more streams than the hardware prefetcher follows.)
+//! The codes and parameters are in the W4A8 block layout of [`int4_layout::w4a8`] (documented, mapped by
+//! `locate` and proven by index patterns there): per 16 output channels and 8 input channels, 64 bytes, so
+//! one 64-byte load is a VNNI pair of K quads for 16 channels (AVX-512: one register; AVX2: two), unpacked
+//! with one AND and one shift; K padded with zero codes to the tile K block (padded activations are zero);
+//! the group parameters stored per block, `[N/16][G][16]`, so a kernel streaming the blocks reads codes
+//! and parameters as two sequential streams (docs/perf.md has what `[G][N]` order cost). The AMX kernel
+//! expands one 16-channel block at a time into a byte tile buffer (the B tiles in VNNI order), so the
+//! resident weights stay at 4 bits.
 //!
 //! # Kernels
 //!
@@ -50,6 +46,7 @@ pub mod int8;
 
 use std::ops::Range;
 
+use int4_layout::w4a8 as layout_w4a8;
 use int4_layout::{Codes, GroupSize};
 use rayon::prelude::*;
 
@@ -63,8 +60,8 @@ use block::Block;
 
 pub use crate::choice::W4A8_AMX_MIN_ROWS as AMX_MIN_ROWS;
 
-/// Bytes per 16 channels × 8 input channels.
-const CHUNK: usize = 64;
+/// Bytes per 16 channels × 8 input channels ([`int4_layout::w4a8::CHUNK_BYTES`]).
+const CHUNK: usize = layout_w4a8::CHUNK_BYTES;
 
 /// How finely activations are scaled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -208,22 +205,6 @@ pub struct W4A8Weights {
     offsets: Option<Floats>,
 }
 
-/// `[G][N]` → block order `[N/16][G][16]` (N a multiple of 16).
-fn to_block_order<T: Copy>(gn: &[T], n: usize, groups: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(gn.len());
-    for nb in 0..n / 16 {
-        for g in 0..groups {
-            out.extend_from_slice(&gn[g * n + nb * 16..g * n + nb * 16 + 16]);
-        }
-    }
-    out
-}
-
-/// The tile K block for a group length: a block never straddles two groups.
-fn k_block(group: GroupSize, g_len: usize) -> usize {
-    if group == GroupSize::PerChannel { 64 } else { g_len.min(64) }
-}
-
 impl W4A8Weights {
     /// Packs `codes` (`[N][K]`, N a multiple of 16) with `scales_gn` (`[G][N]`), integer zero points
     /// `zeros_gn` (`[G][N]`, each below 16; `None` for a symmetric checkpoint, where every zero is 8) and
@@ -236,19 +217,8 @@ impl W4A8Weights {
         group: GroupSize,
     ) -> Result<Self, KernelError> {
         let (n, k) = (codes.n(), codes.k());
-        let (kp, _) = Self::geometry(n, k, group)?;
-        let mut packed = vec![0u8; n / 16 * kp / 8 * CHUNK];
-        let chunks = kp / 8;
-        for (nb, block) in packed.chunks_exact_mut(chunks * CHUNK).enumerate() {
-            for c in 0..16 {
-                let row = codes.row(nb * 16 + c);
-                for (kk, &q) in row.iter().enumerate() {
-                    let (j, within) = (kk / 8, kk % 8);
-                    let byte = &mut block[j * CHUNK + 4 * c + within % 4];
-                    *byte |= if within < 4 { q & 15 } else { (q & 15) << 4 };
-                }
-            }
-        }
+        Self::geometry(n, k, group)?;
+        let packed = layout_w4a8::pack(codes, group)?;
         let groups = group.groups(k);
         check_len("W4A8 scales [G][N]", groups * n, scales_gn.len())?;
         if let Some(z) = zeros_gn {
@@ -257,16 +227,16 @@ impl W4A8Weights {
         if let Some(f) = offsets_gn {
             check_len("W4A8 offsets [G][N]", groups * n, f.len())?;
         }
-        let le = |v: &[f32]| -> SharedBytes {
-            to_block_order(v, n, groups).iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into()
+        let le = |v: &[f32]| -> Result<SharedBytes, KernelError> {
+            let blocks = layout_w4a8::to_block_order(v, n, groups)?;
+            Ok(blocks.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into())
         };
-        Self::from_parts(
-            packed.into(),
-            le(scales_gn),
-            zeros_gn.map(|z| to_block_order(z, n, groups).into()),
-            offsets_gn.map(le),
-            (n, k, group),
-        )
+        let zeros = match zeros_gn {
+            Some(z) => Some(layout_w4a8::to_block_order(z, n, groups)?.into()),
+            None => None,
+        };
+        let offsets = offsets_gn.map(le).transpose()?;
+        Self::from_parts(packed.into(), le(scales_gn)?, zeros, offsets, (n, k, group))
     }
 
     /// Builds the weights from stored parts ([`Self::packed`], [`Self::scales_le_bytes`], [`Self::zeros`],
@@ -315,8 +285,7 @@ impl W4A8Weights {
         if k == 0 {
             return Err(KernelError::shape("W4A8 input channels (at least 1)", 1, 0));
         }
-        let kb = k_block(group, group.len(k));
-        Ok((k.next_multiple_of(kb), kb))
+        Ok((layout_w4a8::padded_k(group, k), layout_w4a8::k_block(group, k)))
     }
 
     /// Output channels.
@@ -388,7 +357,7 @@ impl W4A8Weights {
 
     /// Where group `g`'s parameter of output channel `col` lies in the block-order tables.
     fn param_index(&self, g: usize, col: usize) -> usize {
-        ((col / 16) * self.groups + g) * 16 + col % 16
+        layout_w4a8::param_index(self.groups, g, col)
     }
 
     /// The scale of group `g`, output channel `col`.
@@ -423,11 +392,7 @@ impl W4A8Weights {
 
     /// Code `(row, k)`.
     pub fn code(&self, row: usize, kk: usize) -> u8 {
-        let chunks = self.k_padded / 8;
-        let (nb, c) = (row / 16, row % 16);
-        let (j, within) = (kk / 8, kk % 8);
-        let b = self.packed[(nb * chunks + j) * CHUNK + 4 * c + within % 4];
-        if within < 4 { b & 15 } else { b >> 4 }
+        layout_w4a8::locate(row, kk, self.k_padded).read(&self.packed)
     }
 
     /// Row `row` of the weights, `(q − z)·s + f` (how a tied 4-bit head serves the embedding lookup).
