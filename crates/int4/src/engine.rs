@@ -28,6 +28,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result, at};
 use crate::linear::{HeadBits, Numerics};
 use crate::model::{KvCache, Model};
+use crate::model_dir::ModelDir;
 use crate::quantized::QuantFormat;
 use crate::sampling::{Sampler, SamplingConfig};
 use crate::text::TextCodec;
@@ -179,18 +180,17 @@ impl Engine {
     /// Loads the model in `dir`.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let t = Instant::now();
-        let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path).map_err(at(cfg_path.display().to_string()))?;
-        let mut cfg = ModelConfig::from_json(&text)?;
-        add_generation_eos(dir, &mut cfg)?;
+        let model_dir = ModelDir::open(dir)?;
+        let mut cfg = ModelConfig::from_json(&model_dir.config_text()?)?;
+        add_generation_eos(&model_dir, &mut cfg)?;
         let mut warnings = Vec::new();
-        let quantization = read_quantization_config(dir, &cfg)?;
+        let quantization = read_quantization_config(&model_dir, &cfg)?;
         warnings.extend(quantization.warnings.iter().cloned());
         let format = QuantFormat::from_config(&quantization)?;
         let kind = format.as_ref().map_or(CheckpointKind::Bf16, QuantFormat::checkpoint_kind);
         let group = format.as_ref().map_or(opts.group_size, QuantFormat::group);
         let (numerics, plan) = numerics_for(opts, kind, group)?;
-        let ckpt = Checkpoint::open(dir)?;
+        let ckpt = Checkpoint::open_in(&model_dir)?;
         warnings.extend(Model::load_notes(&cfg, &ckpt, numerics, format.as_ref()));
         let (model, packed_from) = match &opts.cache {
             Some(store) if numerics.is_packed() => {
@@ -234,7 +234,7 @@ impl Engine {
         if numerics.is_packed() {
             release_freed_memory();
         }
-        let text = TextCodec::load(dir)?;
+        let text = TextCodec::load_in(&model_dir)?;
         Ok(Engine {
             model,
             text,
@@ -376,10 +376,8 @@ fn is_default_model(dir: &Path) -> bool {
 
 /// Adds the end-of-sequence ids of `generation_config.json`, if the directory has one, to those of
 /// `config.json` (instruction-tuned models often list their end-of-turn tokens only there).
-fn add_generation_eos(dir: &Path, cfg: &mut ModelConfig) -> Result<()> {
-    let path = dir.join("generation_config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(at(path.display().to_string()))?;
+fn add_generation_eos(model: &ModelDir, cfg: &mut ModelConfig) -> Result<()> {
+    let Some(v) = model.read_json("generation_config.json")? else { return Ok(()) };
     let ids: Vec<u32> = match v.get("eos_token_id") {
         Some(serde_json::Value::Number(n)) => n.as_u64().into_iter().map(|x| x as u32).collect(),
         Some(serde_json::Value::Array(a)) => a.iter().filter_map(serde_json::Value::as_u64).map(|x| x as u32).collect(),
@@ -396,23 +394,20 @@ fn add_generation_eos(dir: &Path, cfg: &mut ModelConfig) -> Result<()> {
 /// The checkpoint's normalised quantization config: `config.json`'s `quantization_config`, else a
 /// `quantize_config.json` beside it (older GPTQ exports; `quant_method` defaults to `gptq` there), else
 /// none (an unquantized checkpoint).
-fn read_quantization_config(dir: &Path, cfg: &ModelConfig) -> Result<NormalizedConfig> {
-    let side = dir.join("quantize_config.json");
-    let raw = match &cfg.quantization_config {
-        Some(v) => Some(v.clone()),
-        None if side.exists() => {
-            let ctx = side.display().to_string();
-            let text = std::fs::read_to_string(&side).map_err(at(&ctx))?;
-            let mut v: serde_json::Value = serde_json::from_str(&text).map_err(at(&ctx))?;
-            if let Some(o) = v.as_object_mut() {
-                o.entry("quant_method").or_insert_with(|| "gptq".into());
-            }
-            Some(v)
+fn read_quantization_config(model: &ModelDir, cfg: &ModelConfig) -> Result<NormalizedConfig> {
+    let (raw, source) = match &cfg.quantization_config {
+        Some(v) => (Some(v.clone()), "config.json"),
+        None => {
+            let side = model.read_json("quantize_config.json")?.map(|mut v| {
+                if let Some(o) = v.as_object_mut() {
+                    o.entry("quant_method").or_insert_with(|| "gptq".into());
+                }
+                v
+            });
+            (side, "quantize_config.json")
         }
-        None => None,
     };
-    let source = if cfg.quantization_config.is_some() { dir.join("config.json") } else { side };
-    normalize(raw.as_ref()).map_err(at(source.display().to_string()))
+    normalize(raw.as_ref()).map_err(at(model.path().join(source).display().to_string()))
 }
 
 /// The key of the artifact a load produces: the checkpoint's quantization (for an unquantized one, the
@@ -488,15 +483,14 @@ impl Engine {
     /// of layer is stored and will run, the plan, and whether its packed artifact is cached. Reads
     /// headers and hashes (or recalls) the checkpoint, but quantizes nothing.
     pub fn describe(dir: &Path, opts: &LoadOptions) -> Result<ModelInfo> {
-        let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path).map_err(at(cfg_path.display().to_string()))?;
-        let cfg = ModelConfig::from_json(&text)?;
-        let quantization = read_quantization_config(dir, &cfg)?;
+        let model_dir = ModelDir::open(dir)?;
+        let cfg = ModelConfig::from_json(&model_dir.config_text()?)?;
+        let quantization = read_quantization_config(&model_dir, &cfg)?;
         let format = QuantFormat::from_config(&quantization)?;
         let kind = format.as_ref().map_or(CheckpointKind::Bf16, QuantFormat::checkpoint_kind);
         let group = format.as_ref().map_or(opts.group_size, QuantFormat::group);
         let (numerics, plan) = numerics_for(opts, kind, group)?;
-        let ckpt = Checkpoint::open(dir)?;
+        let ckpt = Checkpoint::open_in(&model_dir)?;
         let mut dtypes = std::collections::BTreeMap::new();
         for (_, d) in ckpt.tensors() {
             *dtypes.entry(d).or_insert(0) += 1;

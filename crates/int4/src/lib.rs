@@ -21,6 +21,8 @@
 //!
 //! * `config` — [`ModelConfig`] from `config.json` of Llama, Qwen2 and Qwen3 checkpoints (transformers v4
 //!   and v5 spellings);
+//! * `model_dir` — [`ModelDir`], the one place that opens a model's files (names confined to the
+//!   directory, regular files only, sizes capped);
 //! * `weights` — [`Checkpoint`], memory-mapped safetensors (single file or shards);
 //! * `linear` — a linear layer on the kernel the plan chose, reporting which kernel runs each phase;
 //! * `quantized` — the linears of `cpu_int4`, GPTQ and AWQ checkpoints as codes and parameters
@@ -45,6 +47,7 @@ mod engine;
 mod error;
 mod linear;
 mod model;
+mod model_dir;
 mod quantized;
 mod sampling;
 mod text;
@@ -57,6 +60,7 @@ pub use linear::{HeadBits, INT8_GROUP, Linear, Numerics, SectionSource};
 pub use model::{
     Dispatched, ForwardObserver, KvCache, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, linear_specs,
 };
+pub use model_dir::{CONFIG_CAP, ModelDir, ModelSource, TEMPLATE_CAP, TOKENIZER_CAP};
 pub use quantized::{IntegerZeros, QuantFormat, QuantLinear, read_linear};
 pub use sampling::{Sampler, SamplingConfig, argmax, top2_gap};
 pub use text::{Message, TextCodec};

@@ -7,7 +7,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result, at};
+use crate::error::{Error, Result};
+use crate::model_dir::{ModelDir, TEMPLATE_CAP, TOKENIZER_CAP};
 
 /// One chat message.
 #[derive(Clone, Debug, Serialize)]
@@ -41,20 +42,24 @@ fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
 }
 
 impl TextCodec {
-    /// Loads `tokenizer.json` and the chat template from `dir`.
+    /// Loads `tokenizer.json` and the chat template from the model directory `dir`.
     pub fn load(dir: &Path) -> Result<Self> {
-        let tj = dir.join("tokenizer.json");
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(&tj).map_err(|e| Error::tokenizer(tj.display().to_string(), e))?;
-        let cfg_path = dir.join("tokenizer_config.json");
-        let cfg: Option<serde_json::Value> = std::fs::read_to_string(&cfg_path)
-            .ok()
-            .map(|t| serde_json::from_str(&t).map_err(at(cfg_path.display().to_string())))
-            .transpose()?;
-        let jinja = dir.join("chat_template.jinja");
-        let chat_template = match std::fs::read_to_string(&jinja) {
-            Ok(t) => Some(t),
-            Err(_) => cfg.as_ref().and_then(|c| c.get("chat_template")).and_then(|t| t.as_str()).map(str::to_string),
+        Self::load_in(&ModelDir::open(dir)?)
+    }
+
+    /// Loads `tokenizer.json` and the chat template of `model`: `chat_template.jinja` if it has one, else
+    /// the `chat_template` key of `tokenizer_config.json`.
+    pub fn load_in(model: &ModelDir) -> Result<Self> {
+        let tj = model.path().join("tokenizer.json").display().to_string();
+        let bytes = model
+            .read("tokenizer.json", TOKENIZER_CAP)?
+            .ok_or_else(|| Error::config(&tj, "is missing: the model has no tokenizer"))?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::tokenizer(&tj, e))?;
+        drop(bytes);
+        let cfg = model.read_json("tokenizer_config.json")?;
+        let chat_template = match model.read_text("chat_template.jinja", TEMPLATE_CAP)? {
+            Some(t) => Some(t),
+            None => cfg.as_ref().and_then(|c| c.get("chat_template")).and_then(|t| t.as_str()).map(str::to_string),
         };
         Ok(TextCodec {
             tokenizer,

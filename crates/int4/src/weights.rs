@@ -11,6 +11,7 @@ use memmap2::Mmap;
 use safetensors::tensor::Dtype;
 
 use crate::error::{Error, Result, at};
+use crate::model_dir::ModelDir;
 
 struct Shard {
     path: PathBuf,
@@ -43,42 +44,62 @@ impl std::fmt::Debug for Checkpoint {
 impl Checkpoint {
     /// Opens the safetensors files of the model directory `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
-        let single = dir.join("model.safetensors");
-        let index = dir.join("model.safetensors.index.json");
-        let files: Vec<PathBuf> = if single.exists() {
-            vec![single]
-        } else if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(at(index.display().to_string()))?;
-            let v: serde_json::Value = serde_json::from_str(&text).map_err(at(index.display().to_string()))?;
-            let map = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| Error::checkpoint(index.display().to_string(), "no \"weight_map\" object"))?;
-            let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
-            names.sort();
-            names.dedup();
-            names.into_iter().map(|n| dir.join(n)).collect()
-        } else {
-            return Err(Error::checkpoint(
-                dir.display().to_string(),
-                "no model.safetensors or model.safetensors.index.json",
-            ));
-        };
+        Self::open_in(&ModelDir::open(dir)?)
+    }
+
+    /// Opens the safetensors files of `model`: `model.safetensors`, or the shards that
+    /// `model.safetensors.index.json` names, each tensor taken from the shard its `weight_map` names.
+    pub fn open_in(model: &ModelDir) -> Result<Self> {
+        const INDEX: &str = "model.safetensors.index.json";
+        let index_path = || model.path().join(INDEX).display().to_string();
+        // Shard file names, and for an index, which shard each tensor is read from.
+        let (files, weight_map): (Vec<String>, Option<HashMap<String, String>>) =
+            if model.open_file("model.safetensors")?.is_some() {
+                (vec!["model.safetensors".to_string()], None)
+            } else if let Some(v) = model.read_json(INDEX)? {
+                let map = v
+                    .get("weight_map")
+                    .and_then(|m| m.as_object())
+                    .ok_or_else(|| Error::checkpoint(index_path(), "no \"weight_map\" object"))?;
+                let mut wanted = HashMap::new();
+                for (tensor, file) in map {
+                    let file = file.as_str().ok_or_else(|| {
+                        Error::checkpoint(index_path(), format!("weight_map[{tensor:?}] is not a file name"))
+                    })?;
+                    model.file_path(file)?;
+                    wanted.insert(tensor.clone(), file.to_string());
+                }
+                let mut names: Vec<String> = wanted.values().cloned().collect();
+                names.sort();
+                names.dedup();
+                (names, Some(wanted))
+            } else {
+                return Err(Error::checkpoint(
+                    model.path().display().to_string(),
+                    "no model.safetensors or model.safetensors.index.json",
+                ));
+            };
         let mut shards = Vec::new();
         let mut entries = HashMap::new();
-        for path in files {
+        for name in files {
+            let (file, path) = model.open_file(&name)?.ok_or_else(|| {
+                Error::checkpoint(index_path(), format!("names the shard {name:?}, which is missing"))
+            })?;
             let ctx = path.display().to_string();
-            let file = std::fs::File::open(&path).map_err(at(&ctx))?;
             // SAFETY: the mapping is read-only and private; checkpoints are not modified while a model loads
             // from them (as with any memory-mapped model file, truncating it underneath a running process
             // is outside what this program can defend against).
             let map = unsafe { Mmap::map(&file) }.map_err(at(&ctx))?;
             let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(at(&ctx))?;
             let data_start = 8 + header_len;
-            for (name, info) in meta.tensors() {
+            for (tensor, info) in meta.tensors() {
+                // With an index, a tensor comes from the shard the weight map names, and no other.
+                if weight_map.as_ref().is_some_and(|w| w.get(&tensor) != Some(&name)) {
+                    continue;
+                }
                 let (start, end) = info.data_offsets;
                 entries.insert(
-                    name.clone(),
+                    tensor.clone(),
                     Entry { shard: shards.len(), dtype: info.dtype, shape: info.shape.clone(), start, end },
                 );
             }

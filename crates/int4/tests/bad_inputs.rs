@@ -154,7 +154,12 @@ fn every_bad_input_in_the_table_gives_its_error() {
             engine.model.kv_cache(1 << 40, 1 << 30).map(|_| String::new()).unwrap_or_else(|e| e.to_string()),
             "KV cache",
         ),
-        ("a model directory that does not exist", load_err(&ok.join("nowhere"), RunPath::F32), "config.json"),
+        ("a model directory that does not exist", load_err(&ok.join("nowhere"), RunPath::F32), "No such file"),
+        (
+            "a file where the model directory should be",
+            load_err(&ok.join("config.json"), RunPath::F32),
+            "not a model directory",
+        ),
         (
             "a KV cache made for another model",
             {

@@ -295,3 +295,32 @@ fn sharded_checkpoints_and_generation_config_eos() {
     assert_eq!(b.model.config().eos_token_ids, vec![2, 7]);
     assert_eq!(a.model.config().eos_token_ids, vec![2]);
 }
+
+/// A sharded checkpoint reads each tensor from the shard its `weight_map` names, even when another shard
+/// (later by file name) holds a tensor of the same name; a shard name that leaves the directory is refused
+/// before anything is opened.
+#[test]
+fn sharded_checkpoints_read_each_tensor_from_its_named_shard() {
+    let dir = std::env::temp_dir().join(format!("int4-tiny-{}-shard-map", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |file: &str, value: f32| {
+        let data: Vec<u8> = [value; 4].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &data).unwrap();
+        let views = std::collections::HashMap::from([("w".to_string(), view)]);
+        safetensors::serialize_to_file(&views, None, &dir.join(file)).unwrap();
+    };
+    write("a.safetensors", 1.0);
+    write("b.safetensors", 2.0);
+    let index = |file: &str| serde_json::json!({"weight_map": {"w": file, "x": "b.safetensors"}}).to_string();
+    std::fs::write(dir.join("model.safetensors.index.json"), index("a.safetensors")).unwrap();
+    assert_eq!(Checkpoint::open(&dir).unwrap().f32("w", &[4]).unwrap(), vec![1.0; 4]);
+    std::fs::write(dir.join("model.safetensors.index.json"), index("b.safetensors")).unwrap();
+    assert_eq!(Checkpoint::open(&dir).unwrap().f32("w", &[4]).unwrap(), vec![2.0; 4]);
+    for outside in ["../a.safetensors", "/etc/passwd", "sub/../../a.safetensors"] {
+        std::fs::write(dir.join("model.safetensors.index.json"), index(outside)).unwrap();
+        let e = Checkpoint::open(&dir).unwrap_err().to_string();
+        assert!(e.contains("not a plain relative name"), "{outside}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
