@@ -63,10 +63,16 @@ pub const SCHEMA: &str = "int4-eval/1";
 /// directory: the repository's committed `eval-*.txt` files).
 pub const DEFAULT_TEXT_DIR: &str = "data/text";
 
-/// Why an evaluation could not be run.
+/// Why an evaluation could not be run: what went wrong is its [`kind`](EvalError::kind).
+#[derive(Debug)]
+pub struct EvalError {
+    kind: EvalErrorKind,
+}
+
+/// What went wrong in an evaluation.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum EvalError {
+pub enum EvalErrorKind {
     /// The text path does not exist (`default`: it was the default, not a `--text` the user gave).
     TextNotFound {
         /// The path looked at.
@@ -79,11 +85,11 @@ pub enum EvalError {
         /// The directory.
         dir: PathBuf,
     },
-    /// A text file could not be read (or is not UTF-8).
+    /// A text file, or the directory holding them, could not be read (or a file is not UTF-8).
     ReadText {
-        /// The file.
+        /// The file or directory.
         path: PathBuf,
-        /// The reason.
+        /// The error reading it.
         source: std::io::Error,
     },
     /// A text file holds no text (only whitespace, or nothing).
@@ -147,65 +153,82 @@ pub enum EvalError {
     Model(int4::Error),
 }
 
+impl EvalError {
+    pub(crate) fn new(kind: EvalErrorKind) -> Self {
+        EvalError { kind }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &EvalErrorKind {
+        &self.kind
+    }
+}
+
+impl From<EvalErrorKind> for EvalError {
+    fn from(kind: EvalErrorKind) -> Self {
+        EvalError::new(kind)
+    }
+}
+
 impl fmt::Display for EvalError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EvalError::TextNotFound { path, default: true } => write!(
+        match &self.kind {
+            EvalErrorKind::TextNotFound { path, default: true } => write!(
                 f,
                 "no evaluation text at {} (the default, relative to the current directory, for the \
                  repository's eval-*.txt files): pass --text FILE|DIR",
                 path.display()
             ),
-            EvalError::TextNotFound { path, default: false } => {
+            EvalErrorKind::TextNotFound { path, default: false } => {
                 write!(f, "--text {}: no such file or directory", path.display())
             }
-            EvalError::NoEvalFiles { dir } => {
+            EvalErrorKind::NoEvalFiles { dir } => {
                 write!(f, "--text {}: the directory has no eval-*.txt file (pass a file to use another)", dir.display())
             }
-            EvalError::ReadText { path, source } => write!(f, "{}: {source}", path.display()),
-            EvalError::EmptyText { path } => write!(f, "{}: the evaluation text is empty", path.display()),
-            EvalError::TooFewTokens { tokens } => write!(
+            EvalErrorKind::ReadText { path, source } => write!(f, "{}: {source}", path.display()),
+            EvalErrorKind::EmptyText { path } => write!(f, "{}: the evaluation text is empty", path.display()),
+            EvalErrorKind::TooFewTokens { tokens } => write!(
                 f,
                 "the evaluation text is too short: {tokens} token(s) at most per document, and at least 2 are \
                  needed to score a next token"
             ),
-            EvalError::ScoreFromTooLarge { score_from, ctx } => write!(
+            EvalErrorKind::ScoreFromTooLarge { score_from, ctx } => write!(
                 f,
                 "--score-from {score_from}: a window of {ctx} tokens scores positions 0..{} only",
                 ctx.saturating_sub(1)
             ),
-            EvalError::ContextTooSmall { ctx } => {
+            EvalErrorKind::ContextTooSmall { ctx } => {
                 write!(f, "--ctx {ctx}: must be at least 2 (a window scores every token after its first)")
             }
-            EvalError::ContextTooLarge { ctx, max } => {
+            EvalErrorKind::ContextTooLarge { ctx, max } => {
                 write!(f, "--ctx {ctx}: larger than the model's context ({max} positions)")
             }
-            EvalError::VocabMismatch { path, reference } => write!(
+            EvalErrorKind::VocabMismatch { path, reference } => write!(
                 f,
                 "the evaluated model's vocabulary ({path} ids) differs from the reference's ({reference}): \
                  compare models that share a tokenizer"
             ),
-            EvalError::TokenizerMismatch { document, position } => write!(
+            EvalErrorKind::TokenizerMismatch { document, position } => write!(
                 f,
                 "{document}: the evaluated model and the reference tokenize the text differently (first at token \
                  {position}): compare models that share a tokenizer"
             ),
-            EvalError::InexactReference { numerics } => {
+            EvalErrorKind::InexactReference { numerics } => {
                 write!(f, "the reference runs {numerics}: it must be exact, bf16 or f32")
             }
-            EvalError::NonFiniteLogits { model, window, position } => {
+            EvalErrorKind::NonFiniteLogits { model, window, position } => {
                 write!(f, "the {model} model produced a non-finite logit (window {window}, position {position})")
             }
-            EvalError::Model(e) => write!(f, "{e}"),
+            EvalErrorKind::Model(e) => write!(f, "{e}"),
         }
     }
 }
 
 impl std::error::Error for EvalError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            EvalError::ReadText { source, .. } => Some(source),
-            EvalError::Model(e) => Some(e),
+        match &self.kind {
+            EvalErrorKind::ReadText { source, .. } => Some(source),
+            EvalErrorKind::Model(e) => Some(e),
             _ => None,
         }
     }
@@ -213,7 +236,7 @@ impl std::error::Error for EvalError {
 
 impl From<int4::Error> for EvalError {
     fn from(e: int4::Error) -> Self {
-        EvalError::Model(e)
+        EvalError::new(EvalErrorKind::Model(e))
     }
 }
 
@@ -251,14 +274,14 @@ pub fn read_text(path: Option<&Path>) -> Result<Vec<Document>, EvalError> {
     let default = path.is_none();
     let path = path.unwrap_or(Path::new(DEFAULT_TEXT_DIR));
     if !path.exists() {
-        return Err(EvalError::TextNotFound { path: path.to_path_buf(), default });
+        return Err(EvalErrorKind::TextNotFound { path: path.to_path_buf(), default }.into());
     }
     let files: Vec<PathBuf> = if path.is_dir() {
         let entries =
-            std::fs::read_dir(path).map_err(|source| EvalError::ReadText { path: path.to_path_buf(), source })?;
+            std::fs::read_dir(path).map_err(|source| EvalErrorKind::ReadText { path: path.to_path_buf(), source })?;
         let mut files = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|source| EvalError::ReadText { path: path.to_path_buf(), source })?;
+            let entry = entry.map_err(|source| EvalErrorKind::ReadText { path: path.to_path_buf(), source })?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with("eval-") && name.ends_with(".txt") && entry.path().is_file() {
                 files.push(entry.path());
@@ -266,7 +289,7 @@ pub fn read_text(path: Option<&Path>) -> Result<Vec<Document>, EvalError> {
         }
         files.sort();
         if files.is_empty() {
-            return Err(EvalError::NoEvalFiles { dir: path.to_path_buf() });
+            return Err(EvalErrorKind::NoEvalFiles { dir: path.to_path_buf() }.into());
         }
         files
     } else {
@@ -275,9 +298,10 @@ pub fn read_text(path: Option<&Path>) -> Result<Vec<Document>, EvalError> {
     files
         .into_iter()
         .map(|f| {
-            let text = std::fs::read_to_string(&f).map_err(|source| EvalError::ReadText { path: f.clone(), source })?;
+            let text =
+                std::fs::read_to_string(&f).map_err(|source| EvalErrorKind::ReadText { path: f.clone(), source })?;
             if text.trim().is_empty() {
-                return Err(EvalError::EmptyText { path: f });
+                return Err(EvalErrorKind::EmptyText { path: f }.into());
             }
             Ok(Document { name: f.display().to_string(), text })
         })
@@ -488,7 +512,7 @@ impl EvalReport {
 
 /// Checks `ctx` on its own (before any model is loaded): at least 2.
 pub fn check_ctx(ctx: usize) -> Result<(), EvalError> {
-    if ctx < 2 { Err(EvalError::ContextTooSmall { ctx }) } else { Ok(()) }
+    if ctx < 2 { Err(EvalErrorKind::ContextTooSmall { ctx }.into()) } else { Ok(()) }
 }
 
 /// Checks that `path` and `reference` can be compared with windows of `ctx` tokens: `ctx` within both
@@ -497,11 +521,11 @@ pub fn check_models(path: &Model, reference: &Model, ctx: usize) -> Result<(), E
     check_ctx(ctx)?;
     let max = path.config().max_position_embeddings.min(reference.config().max_position_embeddings);
     if ctx > max {
-        return Err(EvalError::ContextTooLarge { ctx, max });
+        return Err(EvalErrorKind::ContextTooLarge { ctx, max }.into());
     }
     let (vp, vr) = (path.config().vocab_size, reference.config().vocab_size);
     if vp != vr {
-        return Err(EvalError::VocabMismatch { path: vp, reference: vr });
+        return Err(EvalErrorKind::VocabMismatch { path: vp, reference: vr }.into());
     }
     Ok(())
 }
@@ -538,10 +562,10 @@ pub fn evaluate_from(
 ) -> Result<EvalReport, EvalError> {
     check_models(&path.model, &reference.model, ctx)?;
     if !matches!(reference.model.numerics(), Numerics::F32 { .. } | Numerics::Bf16 { .. }) {
-        return Err(EvalError::InexactReference { numerics: numerics_label(reference.model.numerics()) });
+        return Err(EvalErrorKind::InexactReference { numerics: numerics_label(reference.model.numerics()) }.into());
     }
     if score_from + 1 >= ctx {
-        return Err(EvalError::ScoreFromTooLarge { score_from, ctx });
+        return Err(EvalErrorKind::ScoreFromTooLarge { score_from, ctx }.into());
     }
     let mut windows: Vec<Vec<u32>> = Vec::new();
     let mut longest = 0;
@@ -550,13 +574,13 @@ pub fn evaluate_from(
         let ref_ids = reference.text.encode(&d.text)?;
         if ids != ref_ids {
             let position = ids.iter().zip(&ref_ids).position(|(a, b)| a != b).unwrap_or(ids.len().min(ref_ids.len()));
-            return Err(EvalError::TokenizerMismatch { document: d.name.clone(), position });
+            return Err(EvalErrorKind::TokenizerMismatch { document: d.name.clone(), position }.into());
         }
         longest = longest.max(ids.len());
         windows.extend(ids.chunks(ctx).filter(|w| w.len() >= 2).map(<[u32]>::to_vec));
     }
     if windows.is_empty() {
-        return Err(EvalError::TooFewTokens { tokens: longest });
+        return Err(EvalErrorKind::TooFewTokens { tokens: longest }.into());
     }
     let vocab = path.model.config().vocab_size;
     let mut tally = Tally::default();
@@ -567,10 +591,12 @@ pub fn evaluate_from(
             .into_par_iter()
             .map(|i| {
                 let (rr, pr) = (&r[i * vocab..(i + 1) * vocab], &p[i * vocab..(i + 1) * vocab]);
-                score_position(rr, pr, window[i + 1]).ok_or_else(|| EvalError::NonFiniteLogits {
-                    model: if rr.iter().all(|v| v.is_finite()) { "path" } else { "reference" },
-                    window: w,
-                    position: i,
+                score_position(rr, pr, window[i + 1]).ok_or_else(|| {
+                    EvalError::new(EvalErrorKind::NonFiniteLogits {
+                        model: if rr.iter().all(|v| v.is_finite()) { "path" } else { "reference" },
+                        window: w,
+                        position: i,
+                    })
                 })
             })
             .collect();
@@ -659,8 +685,8 @@ mod tests {
 
     #[test]
     fn contexts_are_checked() {
-        assert!(matches!(check_ctx(0), Err(EvalError::ContextTooSmall { ctx: 0 })));
-        assert!(matches!(check_ctx(1), Err(EvalError::ContextTooSmall { ctx: 1 })));
+        assert!(matches!(check_ctx(0).unwrap_err().kind(), EvalErrorKind::ContextTooSmall { ctx: 0 }));
+        assert!(matches!(check_ctx(1).unwrap_err().kind(), EvalErrorKind::ContextTooSmall { ctx: 1 }));
         assert!(check_ctx(2).is_ok());
     }
 }

@@ -61,7 +61,7 @@ use serde_json::{Value, json};
 use int4::{Checkpoint, ModelConfig, linear_specs};
 
 use crate::gptq_method::{
-    CalibrationReport, GptqError, GptqOptions, GridKind, GridSpec, LayerQuant, Solved, Target, Zeros,
+    CalibrationReport, GptqError, GptqErrorKind, GptqOptions, GridKind, GridSpec, LayerQuant, Solved, Target, Zeros,
 };
 
 /// The on-disk format to write.
@@ -153,10 +153,19 @@ impl QuantizeOptions {
     }
 }
 
-/// Why an export failed. Nothing is left at the output path when one does.
+/// Why an export failed: what went wrong is its [`kind`](QuantizeError::kind). Nothing is left at the
+/// output path when one does.
 #[derive(Debug)]
-pub enum QuantizeError {
-    /// The input directory, its `config.json` or its safetensors files are missing or invalid.
+pub struct QuantizeError {
+    kind: QuantizeErrorKind,
+}
+
+/// What made an export fail.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum QuantizeErrorKind {
+    /// The input is not a model directory, or its safetensors files or linear layers are invalid in a way
+    /// the export checks itself (the message says how).
     Input {
         /// The file or directory.
         path: PathBuf,
@@ -230,8 +239,16 @@ pub enum QuantizeError {
         /// The problem.
         message: String,
     },
-    /// The grid or a packer refused a tensor (for example a scale that overflows f16).
+    /// The grid or a packer of the layout crate refused a tensor.
     Quantize {
+        /// The tensor.
+        tensor: String,
+        /// The layout crate's error.
+        source: LayoutError,
+    },
+    /// A layer's quantized parameters cannot be stored: a scale or zero point that is not finite or
+    /// overflows f16 (the weights are too large), or a result that does not fit the layer or the format.
+    Unstorable {
         /// The tensor.
         tensor: String,
         /// The problem.
@@ -246,67 +263,131 @@ pub enum QuantizeError {
         /// The error.
         source: std::io::Error,
     },
+    /// A JSON file could not be read (`config.json` is not valid JSON) or a JSON document could not be
+    /// written (`config.json`, the report, the safetensors header).
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// An input safetensors file's header is not valid JSON, or a tensor's entry in it does not parse.
+    Header {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The entry that does not parse: the tensor's name, the field (`dtype`, `shape` or `data_offsets`)
+        /// and its value as written; `None` when the header as a whole is not valid JSON.
+        entry: Option<String>,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// The runtime refused the input: its `config.json`, its checkpoint, or a tensor in it (the error names
+    /// the file or tensor).
+    Model(int4::Error),
+}
+
+impl QuantizeError {
+    pub(crate) fn new(kind: QuantizeErrorKind) -> Self {
+        QuantizeError { kind }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &QuantizeErrorKind {
+        &self.kind
+    }
+}
+
+impl From<QuantizeErrorKind> for QuantizeError {
+    fn from(kind: QuantizeErrorKind) -> Self {
+        QuantizeError::new(kind)
+    }
 }
 
 impl std::fmt::Display for QuantizeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            QuantizeError::Input { path, message } => write!(f, "{}: {message}", path.display()),
-            QuantizeError::AlreadyQuantized { path, what } => write!(
+        match &self.kind {
+            QuantizeErrorKind::Input { path, message } => write!(f, "{}: {message}", path.display()),
+            QuantizeErrorKind::AlreadyQuantized { path, what } => write!(
                 f,
                 "{} is already quantized ({what}): int4 quantize reads an unquantized (f32, bf16 or f16) checkpoint",
                 path.display()
             ),
-            QuantizeError::Tensor { tensor, message } => write!(f, "{tensor}: {message}"),
-            QuantizeError::Shape { tensor, n, k, format, need } => {
+            QuantizeErrorKind::Tensor { tensor, message } => write!(f, "{tensor}: {message}"),
+            QuantizeErrorKind::Shape { tensor, n, k, format, need } => {
                 write!(f, "{tensor}: N = {n}, K = {k} cannot be stored as {}: it needs {need}", format.name())
             }
-            QuantizeError::NonFinite { tensor, index, value } => write!(
+            QuantizeErrorKind::NonFinite { tensor, index, value } => write!(
                 f,
                 "{tensor}: the weight at {index:?} is {value}; a checkpoint with NaN or infinite weights cannot be \
                  quantized"
             ),
-            QuantizeError::UnknownIgnore { name, examples } => write!(
+            QuantizeErrorKind::UnknownIgnore { name, examples } => write!(
                 f,
                 "--ignore {name}: no linear layer is called that or starts with it (linear layers are named like {})",
                 examples.join(", ")
             ),
-            QuantizeError::PartialFusedIgnore { name, fused, group } => write!(
+            QuantizeErrorKind::PartialFusedIgnore { name, fused, group } => write!(
                 f,
                 "--ignore {name}: {} run as one fused layer, stored all quantized or not at all; ignore {group} \
                  (or all of them)",
                 fused.join(", ")
             ),
-            QuantizeError::Options(m) => f.write_str(m),
-            QuantizeError::OutputExists { path } => write!(
+            QuantizeErrorKind::Options(m) => f.write_str(m),
+            QuantizeErrorKind::OutputExists { path } => write!(
                 f,
                 "{} exists and is not empty: choose another output directory, or pass --force to replace it",
                 path.display()
             ),
-            QuantizeError::Output { path, message } => write!(f, "{}: {message}", path.display()),
-            QuantizeError::Quantize { tensor, message } => write!(f, "{tensor}: {message}"),
-            QuantizeError::Gptq(e) => write!(f, "{e}"),
-            QuantizeError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            QuantizeErrorKind::Output { path, message } => write!(f, "{}: {message}", path.display()),
+            QuantizeErrorKind::Quantize { tensor, source } => write!(f, "{tensor}: {source}"),
+            QuantizeErrorKind::Unstorable { tensor, message } => write!(f, "{tensor}: {message}"),
+            QuantizeErrorKind::Gptq(e) => write!(f, "{e}"),
+            QuantizeErrorKind::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            // A parse error has a position in the text read (lines count from 1); a serialization error has none.
+            QuantizeErrorKind::Json { path, source } if source.line() > 0 => {
+                write!(f, "{}: not valid JSON: {source}", path.display())
+            }
+            QuantizeErrorKind::Json { path, source } => write!(f, "{}: {source}", path.display()),
+            QuantizeErrorKind::Header { path, entry: None, source } => {
+                write!(f, "{}: bad safetensors header: {source}", path.display())
+            }
+            QuantizeErrorKind::Header { path, entry: Some(entry), source } => {
+                write!(f, "{}: {entry}: {source}", path.display())
+            }
+            QuantizeErrorKind::Model(e) => write!(f, "{e}"),
         }
     }
 }
 
 impl std::error::Error for QuantizeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            QuantizeError::Io { source, .. } => Some(source),
-            QuantizeError::Gptq(e) => Some(e),
-            _ => None,
+        match &self.kind {
+            QuantizeErrorKind::Quantize { source, .. } => Some(source),
+            QuantizeErrorKind::Gptq(e) => Some(e),
+            QuantizeErrorKind::Io { source, .. } => Some(source),
+            QuantizeErrorKind::Json { source, .. } | QuantizeErrorKind::Header { source, .. } => Some(source),
+            QuantizeErrorKind::Model(e) => Some(e),
+            QuantizeErrorKind::Input { .. }
+            | QuantizeErrorKind::AlreadyQuantized { .. }
+            | QuantizeErrorKind::Tensor { .. }
+            | QuantizeErrorKind::Shape { .. }
+            | QuantizeErrorKind::NonFinite { .. }
+            | QuantizeErrorKind::UnknownIgnore { .. }
+            | QuantizeErrorKind::PartialFusedIgnore { .. }
+            | QuantizeErrorKind::Options(_)
+            | QuantizeErrorKind::OutputExists { .. }
+            | QuantizeErrorKind::Output { .. }
+            | QuantizeErrorKind::Unstorable { .. } => None,
         }
     }
 }
 
 impl From<GptqError> for QuantizeError {
     fn from(e: GptqError) -> Self {
-        match e {
+        match e.into_kind() {
             // A weight that cannot be read is the input's fault, whichever method read it.
-            GptqError::Tensor { tensor, message } => QuantizeError::Tensor { tensor, message },
-            e => QuantizeError::Gptq(e),
+            GptqErrorKind::Model(e) => QuantizeErrorKind::Model(e).into(),
+            kind => QuantizeErrorKind::Gptq(kind.into()).into(),
         }
     }
 }
@@ -315,7 +396,7 @@ impl From<GptqError> for QuantizeError {
 type Result<T> = std::result::Result<T, QuantizeError>;
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> QuantizeError + '_ {
-    move |source| QuantizeError::Io { path: path.to_path_buf(), source }
+    move |source| QuantizeErrorKind::Io { path: path.to_path_buf(), source }.into()
 }
 
 /// One quantized linear layer in the report.
@@ -477,7 +558,11 @@ impl RawIndex {
     fn open(files: Vec<PathBuf>) -> Result<Self> {
         let mut tensors = Vec::new();
         for (fi, path) in files.iter().enumerate() {
-            let bad = |m: String| QuantizeError::Input { path: path.clone(), message: m };
+            let bad = |m: String| QuantizeError::new(QuantizeErrorKind::Input { path: path.clone(), message: m });
+            let bad_header = |entry: Option<String>| {
+                let path = path.clone();
+                move |source| QuantizeErrorKind::Header { path, entry, source }
+            };
             let mut f = File::open(path).map_err(io_err(path))?;
             let size = f.metadata().map_err(io_err(path))?.len();
             let mut n8 = [0u8; 8];
@@ -488,18 +573,18 @@ impl RawIndex {
             }
             let mut header = vec![0u8; n as usize];
             f.read_exact(&mut header).map_err(io_err(path))?;
-            let v: Value = serde_json::from_slice(&header).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+            let v: Value = serde_json::from_slice(&header).map_err(bad_header(None))?;
             let obj = v.as_object().ok_or_else(|| bad("safetensors header is not a JSON object".into()))?;
             for (name, info) in obj {
                 if name == "__metadata__" {
                     continue;
                 }
                 let dtype: Dtype = serde_json::from_value(info["dtype"].clone())
-                    .map_err(|e| bad(format!("{name}: dtype {}: {e}", info["dtype"])))?;
+                    .map_err(bad_header(Some(format!("{name}: dtype {}", info["dtype"]))))?;
                 let shape: Vec<usize> = serde_json::from_value(info["shape"].clone())
-                    .map_err(|e| bad(format!("{name}: shape {}: {e}", info["shape"])))?;
+                    .map_err(bad_header(Some(format!("{name}: shape {}", info["shape"]))))?;
                 let offsets: [u64; 2] = serde_json::from_value(info["data_offsets"].clone())
-                    .map_err(|e| bad(format!("{name}: data_offsets {}: {e}", info["data_offsets"])))?;
+                    .map_err(bad_header(Some(format!("{name}: data_offsets {}", info["data_offsets"]))))?;
                 let (start, end) = (8 + n + offsets[0], 8 + n + offsets[1]);
                 if offsets[1] < offsets[0] || end > size {
                     return Err(bad(format!("{name}: data_offsets {offsets:?} lie outside the file")));
@@ -560,10 +645,11 @@ fn layer_linears(cfg: &ModelConfig, ckpt: &Checkpoint, config_path: &Path) -> Re
         let parts: Vec<&LinearPart> = out.iter().filter(|p| p.group == spec.name).collect();
         let n: usize = parts.iter().map(|p| p.n).sum();
         if parts.is_empty() || n != spec.n || parts.iter().any(|p| p.k != spec.k) {
-            return Err(QuantizeError::Input {
+            return Err(QuantizeErrorKind::Input {
                 path: config_path.to_path_buf(),
                 message: format!("the runtime's layer {} does not match the checkpoint's linear layers", spec.name),
-            });
+            }
+            .into());
         }
     }
     Ok(out)
@@ -590,7 +676,7 @@ fn quantized_tensors(prefix: &str, n: usize, k: usize, opts: &QuantizeOptions) -
 
 /// Checks that `n × k` can be stored in the format.
 fn check_shape(prefix: &str, n: usize, k: usize, format: ExportFormat) -> Result<()> {
-    let bad = |need| Err(QuantizeError::Shape { tensor: prefix.to_string(), n, k, format, need });
+    let bad = |need| Err(QuantizeErrorKind::Shape { tensor: prefix.to_string(), n, k, format, need }.into());
     match format {
         ExportFormat::CpuInt4 if !k.is_multiple_of(2) => bad("an even K (two codes per byte along K)"),
         ExportFormat::Gptq if !k.is_multiple_of(8) || !n.is_multiple_of(8) => {
@@ -657,33 +743,36 @@ pub fn quantize_checkpoint(
 ) -> Result<QuantizeReport> {
     let started = Instant::now();
     if opts.asym && opts.format == ExportFormat::CpuInt4 {
-        return Err(QuantizeError::Options(
+        return Err(QuantizeErrorKind::Options(
             "--asym is for gptq: cpu_int4 always stores a float zero per group (it is asymmetric already)".into(),
-        ));
+        )
+        .into());
     }
     // The input: a directory with an unquantized config.
     if !input.is_dir() {
-        return Err(QuantizeError::Input { path: input.to_path_buf(), message: "is not a model directory".into() });
+        return Err(
+            QuantizeErrorKind::Input { path: input.to_path_buf(), message: "is not a model directory".into() }.into()
+        );
     }
     let config_path = input.join("config.json");
-    let config_text = std::fs::read_to_string(&config_path)
-        .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: e.to_string() })?;
+    let config_text = std::fs::read_to_string(&config_path).map_err(io_err(&config_path))?;
     let mut config_json: Value = serde_json::from_str(&config_text)
-        .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: format!("not valid JSON: {e}") })?;
-    let cfg = ModelConfig::from_json(&config_text)
-        .map_err(|e| QuantizeError::Input { path: config_path.clone(), message: e.kind().to_string() })?;
+        .map_err(|source| QuantizeErrorKind::Json { path: config_path.clone(), source })?;
+    let cfg = ModelConfig::from_json(&config_text).map_err(QuantizeErrorKind::Model)?;
     if let Some(q) = &cfg.quantization_config {
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown method");
-        return Err(QuantizeError::AlreadyQuantized {
+        return Err(QuantizeErrorKind::AlreadyQuantized {
             path: input.to_path_buf(),
             what: format!("config.json has a quantization_config, quant_method {method}"),
-        });
+        }
+        .into());
     }
     if input.join("quantize_config.json").exists() {
-        return Err(QuantizeError::AlreadyQuantized {
+        return Err(QuantizeErrorKind::AlreadyQuantized {
             path: input.to_path_buf(),
             what: "it has a quantize_config.json".into(),
-        });
+        }
+        .into());
     }
     let (parent, out_name) = check_output(input, out, opts.force)?;
     // GPTQ's calibration text, read and tokenized before anything is written.
@@ -692,16 +781,16 @@ pub fn quantize_checkpoint(
         Method::Gptq => Some(crate::gptq_method::calibration_tokens(input, &opts.gptq)?),
     };
 
-    let ckpt = Checkpoint::open(input)
-        .map_err(|e| QuantizeError::Input { path: PathBuf::from(e.context()), message: e.kind().to_string() })?;
+    let ckpt = Checkpoint::open(input).map_err(QuantizeErrorKind::Model)?;
     let raw = RawIndex::open(ckpt.files())?;
     if let Some(t) =
         raw.tensors.iter().find(|t| [".qweight", ".weight_packed", ".qzeros"].iter().any(|s| t.name.ends_with(s)))
     {
-        return Err(QuantizeError::AlreadyQuantized {
+        return Err(QuantizeErrorKind::AlreadyQuantized {
             path: input.to_path_buf(),
             what: format!("it stores the packed tensor {}", t.name),
-        });
+        }
+        .into());
     }
 
     // The linear layers, their source tensors checked against the config.
@@ -717,15 +806,16 @@ pub fn quantize_checkpoint(
         group: "lm_head".into(),
     });
     for p in &parts {
-        let t = raw.get(&p.source).ok_or_else(|| QuantizeError::Tensor {
+        let t = raw.get(&p.source).ok_or_else(|| QuantizeErrorKind::Tensor {
             tensor: p.source.clone(),
             message: "is missing from the checkpoint".into(),
         })?;
         if t.shape != [p.n, p.k] {
-            return Err(QuantizeError::Tensor {
+            return Err(QuantizeErrorKind::Tensor {
                 tensor: p.source.clone(),
                 message: format!("shape {:?}, but config.json implies {:?}", t.shape, [p.n, p.k]),
-            });
+            }
+            .into());
         }
     }
     let ignored = resolve_ignore(&opts.ignore, &parts)?;
@@ -765,11 +855,9 @@ pub fn quantize_checkpoint(
         let out = push_out(&mut outputs, t.name.clone(), t.dtype, t.shape.clone(), t.len);
         jobs.push(Job::Copy { raw: ri, out, why });
         if untie && t.name == embed {
-            let head = parts
-                .iter()
-                .find(|p| p.prefix == "lm_head")
-                .cloned()
-                .ok_or_else(|| QuantizeError::Tensor { tensor: "lm_head".into(), message: "no head layer".into() })?;
+            let head = parts.iter().find(|p| p.prefix == "lm_head").cloned().ok_or_else(|| {
+                QuantizeErrorKind::Tensor { tensor: "lm_head".into(), message: "no head layer".into() }
+            })?;
             let outs = quantized_part_outputs(&head, opts, &mut outputs);
             jobs.push(Job::Quantize { part: head, outs });
         }
@@ -855,7 +943,7 @@ pub fn quantize_checkpoint(
                 t.name.as_str()
             }
             Job::Quantize { part, outs } => {
-                let src = raw.get(&part.source).ok_or_else(|| QuantizeError::Tensor {
+                let src = raw.get(&part.source).ok_or_else(|| QuantizeErrorKind::Tensor {
                     tensor: part.source.clone(),
                     message: "is missing from the checkpoint".into(),
                 })?;
@@ -863,10 +951,7 @@ pub fn quantize_checkpoint(
                     Ok(w) => w,
                     Err(e) => {
                         let nf = find_non_finite(src, &mut sources[src.file], &raw.files[src.file], &mut buf)?;
-                        return Err(nf.unwrap_or(QuantizeError::Tensor {
-                            tensor: e.context().to_string(),
-                            message: e.kind().to_string(),
-                        }));
+                        return Err(nf.unwrap_or_else(|| QuantizeErrorKind::Model(e).into()));
                     }
                 };
                 let pre = solved.get(&part.prefix);
@@ -994,7 +1079,7 @@ fn header_bytes(outputs: &[OutTensor], opts: &QuantizeOptions) -> Result<Vec<u8>
         );
     }
     let mut bytes = serde_json::to_vec(&Value::Object(header))
-        .map_err(|e| QuantizeError::Output { path: PathBuf::from("model.safetensors"), message: e.to_string() })?;
+        .map_err(|source| QuantizeErrorKind::Json { path: PathBuf::from("model.safetensors"), source })?;
     bytes.resize(bytes.len().div_ceil(8) * 8, b' ');
     Ok(bytes)
 }
@@ -1022,7 +1107,7 @@ fn resolve_ignore(entries: &[String], parts: &[LinearPart]) -> Result<HashSet<St
         if hits.is_empty() {
             let mut examples: Vec<String> = parts.iter().take(7).map(|p| p.prefix.clone()).collect();
             examples.extend(["model.layers.0.self_attn.qkv".into(), "model.layers.0".into(), "lm_head".into()]);
-            return Err(QuantizeError::UnknownIgnore { name: raw.clone(), examples });
+            return Err(QuantizeErrorKind::UnknownIgnore { name: raw.clone(), examples }.into());
         }
         ignored.extend(hits.iter().map(|p| p.prefix.clone()));
     }
@@ -1032,11 +1117,12 @@ fn resolve_ignore(entries: &[String], parts: &[LinearPart]) -> Result<HashSet<St
         }
         let fused: Vec<&LinearPart> = parts.iter().filter(|q| q.group == p.group).collect();
         if fused.iter().any(|q| !ignored.contains(&q.prefix)) {
-            return Err(QuantizeError::PartialFusedIgnore {
+            return Err(QuantizeErrorKind::PartialFusedIgnore {
                 name: p.prefix.clone(),
                 fused: fused.iter().map(|q| q.prefix.clone()).collect(),
                 group: p.group.clone(),
-            });
+            }
+            .into());
         }
     }
     Ok(ignored)
@@ -1045,7 +1131,8 @@ fn resolve_ignore(entries: &[String], parts: &[LinearPart]) -> Result<HashSet<St
 /// Refuses an output that is the input (or inside it, or around it) or that exists and is not empty
 /// (unless `force`). Returns the directory to work in and the output's file name.
 fn check_output(input: &Path, out: &Path, force: bool) -> Result<(PathBuf, String)> {
-    let bad = |m: &str| QuantizeError::Output { path: out.to_path_buf(), message: m.to_string() };
+    let bad =
+        |m: &str| QuantizeError::new(QuantizeErrorKind::Output { path: out.to_path_buf(), message: m.to_string() });
     let name = out.file_name().and_then(|n| n.to_str()).ok_or_else(|| bad("has no usable directory name"))?;
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -1063,7 +1150,7 @@ fn check_output(input: &Path, out: &Path, force: bool) -> Result<(PathBuf, Strin
     if let Ok(meta) = std::fs::symlink_metadata(out) {
         let empty_dir = meta.is_dir() && std::fs::read_dir(out).map_err(io_err(out))?.next().is_none();
         if !empty_dir && !force {
-            return Err(QuantizeError::OutputExists { path: out.to_path_buf() });
+            return Err(QuantizeErrorKind::OutputExists { path: out.to_path_buf() }.into());
         }
     }
     Ok((parent, name.to_string()))
@@ -1096,7 +1183,7 @@ fn move_into_place(mut work: WorkDir, out: &Path, parent: &Path, name: &str) -> 
         std::fs::rename(out, &old).map_err(io_err(out))?;
         if let Err(e) = std::fs::rename(&work.path, out) {
             let _ = std::fs::rename(&old, out);
-            return Err(QuantizeError::Io { path: out.to_path_buf(), source: e });
+            return Err(QuantizeErrorKind::Io { path: out.to_path_buf(), source: e }.into());
         }
         work.keep = true;
         let is_dir = std::fs::symlink_metadata(&old).is_ok_and(|m| m.is_dir());
@@ -1111,7 +1198,7 @@ fn move_into_place(mut work: WorkDir, out: &Path, parent: &Path, name: &str) -> 
 
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let mut text = serde_json::to_string_pretty(value)
-        .map_err(|e| QuantizeError::Output { path: path.to_path_buf(), message: e.to_string() })?;
+        .map_err(|source| QuantizeErrorKind::Json { path: path.to_path_buf(), source })?;
     text.push('\n');
     std::fs::write(path, text).map_err(io_err(path))
 }
@@ -1193,7 +1280,7 @@ fn non_finite(t: &RawTensor, flat: u64, value: f32) -> QuantizeError {
             rest /= d;
         }
     }
-    QuantizeError::NonFinite { tensor: t.name.clone(), index, value }
+    QuantizeErrorKind::NonFinite { tensor: t.name.clone(), index, value }.into()
 }
 
 /// The first non-finite element of little-endian float bytes (none for other dtypes).
@@ -1258,7 +1345,7 @@ fn encode(
     opts: &QuantizeOptions,
     pre: Option<&LayerQuant>,
 ) -> Result<Encoded> {
-    let qerr = |e: LayoutError| QuantizeError::Quantize { tensor: tensor.to_string(), message: e.to_string() };
+    let qerr = |source: LayoutError| QuantizeErrorKind::Quantize { tensor: tensor.to_string(), source };
     let group = opts.group;
     let groups = group.groups(k);
     let rtn;
@@ -1270,10 +1357,11 @@ fn encode(
         }
     };
     if q.n != n || q.k != k || q.codes.len() != n * k || q.scales.len() != n * groups {
-        return Err(QuantizeError::Quantize {
+        return Err(QuantizeErrorKind::Unstorable {
             tensor: tensor.to_string(),
             message: format!("quantized as {} x {}, but the layer is {n} x {k}", q.n, q.k),
-        });
+        }
+        .into());
     }
     let codes = int4_layout::Codes::new(n, k, q.codes.clone()).map_err(qerr)?;
     match (opts.format, &q.zeros) {
@@ -1292,10 +1380,11 @@ fn encode(
             check_params(tensor, &q.scales)?;
             let scales_gn = transpose(&q.scales, n, groups);
             if let Some(i) = scales_gn.iter().position(|&s| !f16::from_f32(s).to_f32().is_finite()) {
-                return Err(QuantizeError::Quantize {
+                return Err(QuantizeErrorKind::Unstorable {
                     tensor: tensor.to_string(),
                     message: format!("scale {} (group {}, channel {}) overflows f16", scales_gn[i], i / n, i % n),
-                });
+                }
+                .into());
             }
             let qzeros = gptq::pack_qzeros(&transpose(zeros, n, groups), groups, n, zf).map_err(qerr)?;
             let scale_bytes: Vec<u8> = scales_gn.iter().flat_map(|&s| f16::from_f32(s).to_le_bytes()).collect();
@@ -1306,20 +1395,22 @@ fn encode(
             let (signal, noise) = snr_sums(w, n, k, |row, out| decode_gptq_row(&blobs, row, n, k, group, zf, out));
             Ok(Encoded { blobs, stored, signal, noise })
         }
-        _ => Err(QuantizeError::Quantize {
+        _ => Err(QuantizeErrorKind::Unstorable {
             tensor: tensor.to_string(),
             message: "the quantized zeros do not match the format (float zeros are cpu_int4's)".into(),
-        }),
+        }
+        .into()),
     }
 }
 
 fn check_params(tensor: &str, v: &[f32]) -> Result<()> {
     match v.iter().position(|x| !x.is_finite()) {
         None => Ok(()),
-        Some(i) => Err(QuantizeError::Quantize {
+        Some(i) => Err(QuantizeErrorKind::Unstorable {
             tensor: tensor.to_string(),
             message: format!("a scale or zero ({}, entry {i}) is not finite: the weights are too large", v[i]),
-        }),
+        }
+        .into()),
     }
 }
 
@@ -1466,4 +1557,48 @@ fn rss_anon_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let kb: u64 = s.lines().find(|l| l.starts_with("RssAnon:"))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn errors_keep_their_source_and_read_as_before() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = QuantizeError::from(QuantizeErrorKind::Io { path: "m/config.json".into(), source: io });
+        assert_eq!(e.to_string(), "m/config.json: no such file");
+        assert!(e.source().is_some_and(|s| s.to_string() == "no such file"));
+
+        // Reading JSON that does not parse, and writing a value that cannot be JSON.
+        let bad = serde_json::from_str::<Value>("{").unwrap_err();
+        let e = QuantizeError::from(QuantizeErrorKind::Json { path: "m/config.json".into(), source: bad });
+        assert!(e.to_string().starts_with("m/config.json: not valid JSON: "), "{e}");
+        assert!(e.source().is_some());
+        let bad = serde_json::to_string(&HashMap::from([(vec![1u8], 1u8)])).unwrap_err();
+        let e = QuantizeError::from(QuantizeErrorKind::Json { path: "out/config.json".into(), source: bad });
+        assert_eq!(e.to_string(), "out/config.json: key must be a string");
+
+        let bad = serde_json::from_slice::<Value>(b"{").unwrap_err();
+        let e =
+            QuantizeError::from(QuantizeErrorKind::Header { path: "m.safetensors".into(), entry: None, source: bad });
+        assert!(e.to_string().starts_with("m.safetensors: bad safetensors header: "), "{e}");
+
+        // A runtime error the GPTQ method met is the input's, kept whole; GPTQ's own stay GPTQ's.
+        let model = ModelConfig::from_json("{}").unwrap_err();
+        let shown = model.to_string();
+        let e = QuantizeError::from(GptqError::from(GptqErrorKind::Model(model)));
+        assert!(matches!(e.kind(), QuantizeErrorKind::Model(m) if m.context() == "config.json"), "{e:?}");
+        assert_eq!(e.to_string(), shown);
+        assert!(e.source().is_some_and(|s| s.to_string() == shown));
+        let e = QuantizeError::from(GptqError::from(GptqErrorKind::NoCalibration));
+        assert!(matches!(e.kind(), QuantizeErrorKind::Gptq(g) if matches!(g.kind(), GptqErrorKind::NoCalibration)));
+        assert!(e.source().is_some());
+
+        let refused = int4_layout::Codes::new(2, 3, vec![0; 5]).unwrap_err();
+        let e = QuantizeError::from(QuantizeErrorKind::Quantize { tensor: "lm_head".into(), source: refused });
+        assert!(e.to_string().starts_with("lm_head: "), "{e}");
+        assert!(e.source().is_some());
+    }
 }

@@ -60,17 +60,24 @@ pub const BLOCK: usize = 128;
 /// Rows per parallel task of the solver (each task reads `U` once per block for all of its rows).
 const ROW_CHUNK: usize = 16;
 
-/// Why GPTQ could not run.
+/// Why GPTQ could not run: what went wrong is its [`kind`](GptqError::kind).
 #[derive(Debug)]
-pub enum GptqError {
+pub struct GptqError {
+    kind: GptqErrorKind,
+}
+
+/// What kept GPTQ from running.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum GptqErrorKind {
     /// `--method gptq` without calibration text.
     NoCalibration,
-    /// The calibration path does not exist or cannot be read.
+    /// The calibration path does not exist or cannot be read (or a file of it is not UTF-8).
     CalibrationUnreadable {
-        /// The path.
+        /// The file or directory.
         path: PathBuf,
-        /// The problem.
-        message: String,
+        /// The error reading it.
+        source: std::io::Error,
     },
     /// The calibration text is empty (no `.txt` files in a directory, or no tokens).
     CalibrationEmpty {
@@ -95,53 +102,78 @@ pub enum GptqError {
         /// The dampening used.
         damp: f64,
     },
-    /// The calibration forward pass failed.
-    Model(String),
-    /// A target layer's weights could not be read from the checkpoint.
-    Tensor {
-        /// The tensor.
-        tensor: String,
-        /// The problem.
-        message: String,
-    },
+    /// The runtime failed: loading the tokenizer or tokenizing the calibration text, reading a target
+    /// layer's weights from the checkpoint, or the calibration forward pass (the error names the file or
+    /// tensor).
+    Model(int4::Error),
     /// A grid refused a group.
     Layout {
         /// The layer.
         layer: String,
-        /// The problem.
+        /// The layout crate's error.
         source: LayoutError,
     },
 }
 
+impl GptqError {
+    pub(crate) fn new(kind: GptqErrorKind) -> Self {
+        GptqError { kind }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &GptqErrorKind {
+        &self.kind
+    }
+
+    /// The kind, taken out (for [`QuantizeError`](crate::QuantizeError)'s conversion).
+    pub(crate) fn into_kind(self) -> GptqErrorKind {
+        self.kind
+    }
+}
+
+impl From<GptqErrorKind> for GptqError {
+    fn from(kind: GptqErrorKind) -> Self {
+        GptqError::new(kind)
+    }
+}
+
 impl std::fmt::Display for GptqError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GptqError::NoCalibration => f.write_str(
+        match &self.kind {
+            GptqErrorKind::NoCalibration => f.write_str(
                 "--method gptq needs calibration text: pass --calib FILE (a text file, or a directory of .txt files)",
             ),
-            GptqError::CalibrationUnreadable { path, message } => {
-                write!(f, "calibration text {}: {message}", path.display())
+            GptqErrorKind::CalibrationUnreadable { path, source } => {
+                write!(f, "calibration text {}: {source}", path.display())
             }
-            GptqError::CalibrationEmpty { path, message } => {
+            GptqErrorKind::CalibrationEmpty { path, message } => {
                 write!(f, "calibration text {}: {message}; GPTQ needs some text to measure the inputs", path.display())
             }
-            GptqError::Options(m) => f.write_str(m),
-            GptqError::NonFiniteHessian { layer, index } => write!(
+            GptqErrorKind::Options(m) => f.write_str(m),
+            GptqErrorKind::NonFiniteHessian { layer, index } => write!(
                 f,
                 "{layer}: the Hessian of its inputs has a NaN or infinite entry at {index:?} (the calibration forward \
                  pass overflowed)"
             ),
-            GptqError::NotPositiveDefinite { layer, damp } => {
+            GptqErrorKind::NotPositiveDefinite { layer, damp } => {
                 write!(f, "{layer}: the dampened Hessian is not positive definite (damp {damp}); try a larger --damp")
             }
-            GptqError::Model(m) => write!(f, "calibration forward pass: {m}"),
-            GptqError::Tensor { tensor, message } => write!(f, "{tensor}: {message}"),
-            GptqError::Layout { layer, source } => write!(f, "{layer}: {source}"),
+            GptqErrorKind::Model(e) => write!(f, "{e}"),
+            GptqErrorKind::Layout { layer, source } => write!(f, "{layer}: {source}"),
         }
     }
 }
 
-impl std::error::Error for GptqError {}
+impl std::error::Error for GptqError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            GptqErrorKind::CalibrationUnreadable { source, .. } => Some(source),
+            GptqErrorKind::Model(e) => Some(e),
+            GptqErrorKind::Layout { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 /// Which grid, and how its parameters are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -427,10 +459,10 @@ pub struct Prepared {
 /// Dampens `h` (`K × K`, symmetric) and factors it: `U` upper with `(H + λI)⁻¹ = UᵀU`.
 pub fn prepare(h: &[f64], k: usize, damp: f64, layer: &str) -> Result<Prepared, GptqError> {
     if h.len() != k * k {
-        return Err(GptqError::Options(format!("{layer}: a Hessian of {} entries for K = {k}", h.len())));
+        return Err(GptqErrorKind::Options(format!("{layer}: a Hessian of {} entries for K = {k}", h.len())).into());
     }
     if let Some(i) = h.iter().position(|v| !v.is_finite()) {
-        return Err(GptqError::NonFiniteHessian { layer: layer.to_string(), index: (i / k, i % k) });
+        return Err(GptqErrorKind::NonFiniteHessian { layer: layer.to_string(), index: (i / k, i % k) }.into());
     }
     let mut a = h.to_vec();
     let dead: Vec<bool> = (0..k).map(|i| a[i * k + i] == 0.0).collect();
@@ -445,7 +477,7 @@ pub fn prepare(h: &[f64], k: usize, damp: f64, layer: &str) -> Result<Prepared, 
         a[i * k + i] += lambda;
     }
     let u = inverse_cholesky_upper(&a, k)
-        .ok_or_else(|| GptqError::NotPositiveDefinite { layer: layer.to_string(), damp })?;
+        .ok_or_else(|| GptqErrorKind::NotPositiveDefinite { layer: layer.to_string(), damp })?;
     Ok(Prepared { k, u: u.iter().map(|&v| v as f32).collect(), dead, lambda })
 }
 
@@ -545,18 +577,19 @@ pub fn solve(
     layer: &str,
 ) -> Result<LayerQuant, GptqError> {
     if k == 0 || prep.k != k || w.len() != n * k || prep.u.len() != k * k || prep.dead.len() != k {
-        return Err(GptqError::Options(format!(
+        return Err(GptqErrorKind::Options(format!(
             "{layer}: {} weights and a Hessian for K = {} do not make an {n} x {k} layer",
             w.len(),
             prep.k
-        )));
+        ))
+        .into());
     }
     let groups = grid.group.groups(k);
     let chunks = w
         .par_chunks(ROW_CHUNK * k)
         .map(|c| solve_rows(c, c.len() / k, k, prep, grid))
         .collect::<Result<Vec<_>, LayoutError>>()
-        .map_err(|source| GptqError::Layout { layer: layer.to_string(), source })?;
+        .map_err(|source| GptqErrorKind::Layout { layer: layer.to_string(), source })?;
     let mut out = LayerQuant {
         n,
         k,
@@ -759,21 +792,25 @@ pub(crate) fn calibration_tokens(
     model_dir: &Path,
     opts: &GptqOptions,
 ) -> Result<(Vec<PathBuf>, Vec<Vec<u32>>), GptqError> {
-    let path = opts.calib.as_ref().ok_or(GptqError::NoCalibration)?;
+    let path = opts.calib.as_ref().ok_or(GptqErrorKind::NoCalibration)?;
     if opts.seq_len < 2 {
-        return Err(GptqError::Options(format!("--calib-seq {}: a sequence needs at least 2 tokens", opts.seq_len)));
+        return Err(GptqErrorKind::Options(format!(
+            "--calib-seq {}: a sequence needs at least 2 tokens",
+            opts.seq_len
+        ))
+        .into());
     }
     if !(opts.damp.is_finite() && opts.damp >= 0.0) {
-        return Err(GptqError::Options(format!("--damp {}: must be a finite fraction ≥ 0", opts.damp)));
+        return Err(GptqErrorKind::Options(format!("--damp {}: must be a finite fraction ≥ 0", opts.damp)).into());
     }
     if opts.max_tokens == 0 {
-        return Err(GptqError::Options("--calib-tokens 0: GPTQ needs some calibration tokens".into()));
+        return Err(GptqErrorKind::Options("--calib-tokens 0: GPTQ needs some calibration tokens".into()).into());
     }
-    let unreadable = |m: String| GptqError::CalibrationUnreadable { path: path.clone(), message: m };
-    let meta = std::fs::metadata(path).map_err(|e| unreadable(e.to_string()))?;
+    let unreadable = |source| GptqErrorKind::CalibrationUnreadable { path: path.clone(), source };
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
     let files: Vec<PathBuf> = if meta.is_dir() {
         let mut f: Vec<PathBuf> = std::fs::read_dir(path)
-            .map_err(|e| unreadable(e.to_string()))?
+            .map_err(unreadable)?
             .filter_map(|e| e.ok().map(|e| e.path()))
             // `eval-*.txt` is the held-out text `int4 eval` reads, so `--calib data/text` never trains on it.
             .filter(|p| {
@@ -784,19 +821,17 @@ pub(crate) fn calibration_tokens(
             .collect();
         f.sort();
         if f.is_empty() {
-            return Err(GptqError::CalibrationEmpty {
+            return Err(GptqErrorKind::CalibrationEmpty {
                 path: path.clone(),
                 message: "the directory has no .txt file (other than eval-*.txt)".into(),
-            });
+            }
+            .into());
         }
         f
     } else {
         vec![path.clone()]
     };
-    let codec = TextCodec::load(model_dir).map_err(|e| GptqError::CalibrationUnreadable {
-        path: model_dir.join("tokenizer.json"),
-        message: e.to_string(),
-    })?;
+    let codec = TextCodec::load(model_dir).map_err(GptqErrorKind::Model)?;
     let mut ids = Vec::new();
     let mut used = Vec::new();
     for f in &files {
@@ -804,19 +839,19 @@ pub(crate) fn calibration_tokens(
             break;
         }
         let text = std::fs::read_to_string(f)
-            .map_err(|e| GptqError::CalibrationUnreadable { path: f.clone(), message: e.to_string() })?;
+            .map_err(|source| GptqErrorKind::CalibrationUnreadable { path: f.clone(), source })?;
         if text.trim().is_empty() {
             continue;
         }
-        let t = codec
-            .encode(&text)
-            .map_err(|e| GptqError::CalibrationUnreadable { path: f.clone(), message: e.to_string() })?;
+        let t = codec.encode(&text).map_err(GptqErrorKind::Model)?;
         ids.extend(t);
         used.push(f.clone());
     }
     ids.truncate(opts.max_tokens);
     if ids.is_empty() {
-        return Err(GptqError::CalibrationEmpty { path: path.clone(), message: "the text has no tokens".into() });
+        return Err(
+            GptqErrorKind::CalibrationEmpty { path: path.clone(), message: "the text has no tokens".into() }.into()
+        );
     }
     let seqs = ids.chunks(opts.seq_len).map(<[u32]>::to_vec).collect();
     Ok((used, seqs))
@@ -875,10 +910,10 @@ pub(crate) fn calibrate(
     progress: Option<&dyn Fn(usize, usize)>,
 ) -> Result<(HashMap<String, Solved>, CalibrationReport), GptqError> {
     let started = Instant::now();
-    let model_err = |e: int4::Error| GptqError::Model(e.to_string());
-    let mut model = Model::load(cfg.clone(), ckpt, Numerics::f32(IsaCaps::process()), None, None).map_err(model_err)?;
+    let mut model =
+        Model::load(cfg.clone(), ckpt, Numerics::f32(IsaCaps::process()), None, None).map_err(GptqErrorKind::Model)?;
     let specs = linear_specs(cfg, ckpt);
-    let mut cache = model.kv_cache(opts.seq_len, usize::MAX).map_err(model_err)?;
+    let mut cache = model.kv_cache(opts.seq_len, usize::MAX).map_err(GptqErrorKind::Model)?;
     let slots = [LinearSlot::Qkv, LinearSlot::O, LinearSlot::GateUp, LinearSlot::Down];
     let mut resid: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
     let mut solved = HashMap::new();
@@ -904,7 +939,7 @@ pub(crate) fn calibrate(
                     keep: None,
                     hessians: &mut hessians,
                 };
-                model.forward_observed(toks, &mut cache, &mut step).map_err(model_err)?;
+                model.forward_observed(toks, &mut cache, &mut step).map_err(GptqErrorKind::Model)?;
             }
             // Factor each shared Hessian once, in parallel, then solve its layers.
             let prepared = hessians
@@ -918,11 +953,8 @@ pub(crate) fn calibrate(
             for ((slot, group), (mean, prep)) in wanted.iter().zip(&prepared) {
                 let mut fused = Vec::new();
                 for t in targets.iter().filter(|t| t.group == *group) {
-                    let w = ckpt.f32(&t.source, &[t.n, t.k]).map_err(|e| GptqError::Tensor {
-                        tensor: e.context().to_string(),
-                        message: e.kind().to_string(),
-                    })?;
-                    let layout = |e: LayoutError| GptqError::Layout { layer: t.prefix.clone(), source: e };
+                    let w = ckpt.f32(&t.source, &[t.n, t.k]).map_err(GptqErrorKind::Model)?;
+                    let layout = |e: LayoutError| GptqErrorKind::Layout { layer: t.prefix.clone(), source: e };
                     let quant = solve(&w, t.n, t.k, prep, grid, &t.prefix)?;
                     let base = rtn(&w, t.n, t.k, grid).map_err(layout)?;
                     let signal = output_energy(&w, None, t.n, t.k, mean);
@@ -942,8 +974,8 @@ pub(crate) fn calibrate(
                 }
                 if *slot != LinearSlot::Head {
                     let spec = &specs[layer * 4 + slot_index(*slot)];
-                    let bias = spec.bias(ckpt).map_err(model_err)?;
-                    model.set_linear(layer, *slot, fused, bias).map_err(model_err)?;
+                    let bias = spec.bias(ckpt).map_err(GptqErrorKind::Model)?;
+                    model.set_linear(layer, *slot, fused, bias).map_err(GptqErrorKind::Model)?;
                 }
             }
         }
@@ -957,7 +989,7 @@ pub(crate) fn calibrate(
                 let mut new = Vec::new();
                 let mut step =
                     Step { layer, resume: (layer > 0).then_some(&old[..]), keep: Some(&mut new), hessians: &mut [] };
-                model.forward_observed(toks, &mut cache, &mut step).map_err(model_err)?;
+                model.forward_observed(toks, &mut cache, &mut step).map_err(GptqErrorKind::Model)?;
                 resid[s] = new;
             }
         }
@@ -1043,9 +1075,9 @@ mod tests {
         let a = vec![1.0, 2.0, 2.0, 1.0];
         assert!(inverse_cholesky_upper(&a, 2).is_none());
         let e = prepare(&[1.0, 2.0, 2.0, 1.0], 2, 0.0, "x").unwrap_err();
-        assert!(matches!(e, GptqError::NotPositiveDefinite { .. }), "{e}");
+        assert!(matches!(e.kind(), GptqErrorKind::NotPositiveDefinite { .. }), "{e}");
         let e = prepare(&[1.0, f64::NAN, f64::NAN, 1.0], 2, 0.01, "x").unwrap_err();
-        assert!(matches!(e, GptqError::NonFiniteHessian { index: (0, 1), .. }), "{e}");
+        assert!(matches!(e.kind(), GptqErrorKind::NonFiniteHessian { index: (0, 1), .. }), "{e}");
     }
 
     /// A dead input channel's weights are zeroed and do not disturb the solver.

@@ -18,5 +18,8 @@ pub mod eval;
 pub mod export;
 pub mod gptq_method;
 
-pub use export::{ExportFormat, Method, QuantizeError, QuantizeOptions, QuantizeReport, quantize_checkpoint};
-pub use gptq_method::{GptqError, GptqOptions};
+pub use eval::{EvalError, EvalErrorKind};
+pub use export::{
+    ExportFormat, Method, QuantizeError, QuantizeErrorKind, QuantizeOptions, QuantizeReport, quantize_checkpoint,
+};
+pub use gptq_method::{GptqError, GptqErrorKind, GptqOptions};

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use int4::layout::GroupSize;
 use int4::{Engine, LoadOptions, RunPath};
-use int4_quant::eval::{EvalError, EvalReport, evaluate, evaluate_from, read_text};
+use int4_quant::eval::{EvalError, EvalErrorKind, EvalReport, evaluate, evaluate_from, read_text};
 use int4_test_support::{Rng, tiny_model};
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -138,25 +138,25 @@ fn check_schema(r: &EvalReport) {
 fn bad_text_gives_its_error() {
     let missing = std::env::temp_dir().join(format!("int4-eval-none-{}", std::process::id()));
     let e = read_text(Some(&missing)).unwrap_err();
-    assert!(matches!(e, EvalError::TextNotFound { default: false, .. }), "{e}");
+    assert!(matches!(e.kind(), EvalErrorKind::TextNotFound { default: false, .. }), "{e}");
     assert!(e.to_string().contains("--text"), "{e}");
     if !Path::new(int4_quant::eval::DEFAULT_TEXT_DIR).exists() {
         let e = read_text(None).unwrap_err();
-        assert!(matches!(e, EvalError::TextNotFound { default: true, .. }), "{e}");
+        assert!(matches!(e.kind(), EvalErrorKind::TextNotFound { default: true, .. }), "{e}");
         assert!(e.to_string().contains("--text FILE|DIR"), "{e}");
     }
     let no_eval = text_dir("no-eval", &[("calibration-01.txt", words(20, 1))]);
-    assert!(matches!(read_text(Some(&no_eval)), Err(EvalError::NoEvalFiles { .. })));
+    assert!(matches!(read_text(Some(&no_eval)).unwrap_err().kind(), EvalErrorKind::NoEvalFiles { .. }));
     let empty = text_dir("empty", &[("eval-01.txt", " \n\t".into())]);
-    assert!(matches!(read_text(Some(&empty)), Err(EvalError::EmptyText { .. })));
+    assert!(matches!(read_text(Some(&empty)).unwrap_err().kind(), EvalErrorKind::EmptyText { .. }));
     let binary = text_dir("binary", &[]);
     std::fs::write(binary.join("eval-01.txt"), [0xffu8, 0xfe, 0x00]).unwrap();
-    assert!(matches!(read_text(Some(&binary)), Err(EvalError::ReadText { .. })));
+    assert!(matches!(read_text(Some(&binary)).unwrap_err().kind(), EvalErrorKind::ReadText { .. }));
 
     let dir = tiny_model("eval-bad-text");
     let (a, b) = (load(&dir, RunPath::F32, GroupSize::G128), load(&dir, RunPath::F32, GroupSize::G128));
     let one = text_dir("one-token", &[("eval-01.txt", "w5\n".into())]);
-    assert!(matches!(eval_err(&a, &b, &one, 16), EvalError::TooFewTokens { tokens: 1 }));
+    assert!(matches!(eval_err(&a, &b, &one, 16).kind(), EvalErrorKind::TooFewTokens { tokens: 1 }));
     // A file given directly is used whatever its name.
     let file = one.join("eval-01.txt");
     assert_eq!(read_text(Some(&file)).unwrap().len(), 1);
@@ -167,10 +167,10 @@ fn bad_context_gives_its_error() {
     let dir = tiny_model("eval-bad-ctx");
     let (a, b) = (load(&dir, RunPath::F32, GroupSize::G128), load(&dir, RunPath::F32, GroupSize::G128));
     let texts = text_dir("ctx", &[("eval-01.txt", words(30, 5))]);
-    assert!(matches!(eval_err(&a, &b, &texts, 0), EvalError::ContextTooSmall { ctx: 0 }));
-    assert!(matches!(eval_err(&a, &b, &texts, 1), EvalError::ContextTooSmall { ctx: 1 }));
+    assert!(matches!(eval_err(&a, &b, &texts, 0).kind(), EvalErrorKind::ContextTooSmall { ctx: 0 }));
+    assert!(matches!(eval_err(&a, &b, &texts, 1).kind(), EvalErrorKind::ContextTooSmall { ctx: 1 }));
     let e = eval_err(&a, &b, &texts, 257);
-    assert!(matches!(e, EvalError::ContextTooLarge { ctx: 257, max: 256 }), "{e}");
+    assert!(matches!(e.kind(), EvalErrorKind::ContextTooLarge { ctx: 257, max: 256 }), "{e}");
     assert!(e.to_string().contains("--ctx 257"), "{e}");
     // The model's whole context is allowed.
     let docs = read_text(Some(&texts)).unwrap();
@@ -181,7 +181,7 @@ fn bad_context_gives_its_error() {
     assert_eq!((all.windows, half.windows), (2, 2));
     assert_eq!((all.tokens, half.tokens, half.score_from), (15 + 13, 7 + 5, 8));
     let e = evaluate_from(&a, &b, &docs, 16, 15, |_, _| {}).unwrap_err();
-    assert!(matches!(e, EvalError::ScoreFromTooLarge { score_from: 15, ctx: 16 }), "{e}");
+    assert!(matches!(e.kind(), EvalErrorKind::ScoreFromTooLarge { score_from: 15, ctx: 16 }), "{e}");
     assert!(e.to_string().contains("--score-from 15"), "{e}");
 }
 
@@ -201,14 +201,14 @@ fn models_that_do_not_share_a_tokenizer_are_refused() {
     std::fs::write(permuted.join("tokenizer.json"), tok.to_string()).unwrap();
     let b = load(&permuted, RunPath::F32, GroupSize::G128);
     let e = eval_err(&b, &a, &texts, 16);
-    assert!(matches!(e, EvalError::TokenizerMismatch { position: 0, .. }), "{e}");
+    assert!(matches!(e.kind(), EvalErrorKind::TokenizerMismatch { position: 0, .. }), "{e}");
 
     // A vocabulary one id larger: the embedding (and tied head) padded with a row, the tokenizer unchanged.
     let padded = tiny_model("eval-vocab");
     pad_vocab(&padded);
     let c = load(&padded, RunPath::F32, GroupSize::G128);
     let e = eval_err(&c, &a, &texts, 16);
-    assert!(matches!(e, EvalError::VocabMismatch { path: 97, reference: 96 }), "{e}");
+    assert!(matches!(e.kind(), EvalErrorKind::VocabMismatch { path: 97, reference: 96 }), "{e}");
 }
 
 /// Rewrites the tiny model in `dir` with a 97-row embedding and `vocab_size: 97`.

@@ -13,7 +13,7 @@ use int4::{Checkpoint, Engine, IntegerZeros, LoadOptions, QuantFormat, RunPath, 
 use int4_layout::GroupSize;
 use int4_layout::gptq::{self, ZeroFormat};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_integer_zero};
-use int4_quant::export::{ExportFormat, QuantizeError, QuantizeOptions, QuantizeReport, quantize_checkpoint};
+use int4_quant::export::{ExportFormat, QuantizeErrorKind, QuantizeOptions, QuantizeReport, quantize_checkpoint};
 use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::Value;
@@ -514,18 +514,24 @@ fn bad_inputs_are_clear_errors_and_leave_nothing_behind() {
     };
 
     let (msg, e) = run(Path::new("/nonexistent/int4-model"), "bad-missing", &gptq);
-    assert!(matches!(e, QuantizeError::Input { .. }), "{e:?}");
+    assert!(matches!(e.kind(), QuantizeErrorKind::Input { .. }), "{e:?}");
     assert!(msg.contains("/nonexistent/int4-model"), "{msg}");
 
     // Already quantized: our own export, and an old-style quantize_config.json.
     let src = tiny_model("bad-src");
     let (done, _) = export(&src, "bad-done", &gptq);
     let (msg, e) = run(&done, "bad-again", &gptq);
-    assert!(matches!(e, QuantizeError::AlreadyQuantized { .. }) && msg.contains("already quantized"), "{msg}");
+    assert!(
+        matches!(e.kind(), QuantizeErrorKind::AlreadyQuantized { .. }) && msg.contains("already quantized"),
+        "{msg}"
+    );
     let side = tiny_model("bad-side");
     std::fs::write(side.join("quantize_config.json"), r#"{"bits": 4, "group_size": 128}"#).unwrap();
     let (msg, e) = run(&side, "bad-side-out", &gptq);
-    assert!(matches!(e, QuantizeError::AlreadyQuantized { .. }) && msg.contains("quantize_config.json"), "{msg}");
+    assert!(
+        matches!(e.kind(), QuantizeErrorKind::AlreadyQuantized { .. }) && msg.contains("quantize_config.json"),
+        "{msg}"
+    );
 
     // NaN in a linear (read through the checkpoint), infinity in a copied tensor (streamed): both named.
     let nan = tiny_model_with("bad-nan", |name, mut v| {
@@ -535,8 +541,8 @@ fn bad_inputs_are_clear_errors_and_leave_nothing_behind() {
         v
     });
     let (msg, e) = run(&nan, "bad-nan-out", &gptq);
-    match &e {
-        QuantizeError::NonFinite { tensor, index, value } => {
+    match e.kind() {
+        QuantizeErrorKind::NonFinite { tensor, index, value } => {
             assert_eq!((tensor.as_str(), index.as_slice()), ("model.layers.1.mlp.up_proj.weight", &[3usize, 5][..]));
             assert!(value.is_nan());
         }
@@ -551,7 +557,7 @@ fn bad_inputs_are_clear_errors_and_leave_nothing_behind() {
     });
     let (msg, e) = run(&inf, "bad-inf-out", &QuantizeOptions { quantize_head: false, ..gptq.clone() });
     assert!(
-        matches!(&e, QuantizeError::NonFinite { tensor, index, .. } if tensor == "model.embed_tokens.weight" && index == &[1, 6]),
+        matches!(e.kind(), QuantizeErrorKind::NonFinite { tensor, index, .. } if tensor == "model.embed_tokens.weight" && index == &[1, 6]),
         "{e:?}"
     );
     assert!(msg.contains("model.embed_tokens.weight") && msg.contains("inf"), "{msg}");
@@ -559,44 +565,45 @@ fn bad_inputs_are_clear_errors_and_leave_nothing_behind() {
     // Shapes the format cannot store.
     let vocab100 = odd_model("bad-vocab", 100, 160);
     let (msg, e) = run(&vocab100, "bad-vocab-out", &gptq);
-    assert!(matches!(&e, QuantizeError::Shape { tensor, n: 100, k: 64, .. } if tensor == "lm_head"), "{e:?}");
+    assert!(matches!(e.kind(), QuantizeErrorKind::Shape { tensor, n: 100, k: 64, .. } if tensor == "lm_head"), "{e:?}");
     assert!(msg.contains("multiples of 8"), "{msg}");
     let o = QuantizeOptions { quantize_head: false, ..gptq.clone() };
     export(&vocab100, "bad-vocab-nohead", &o); // the head left out, nothing else is in the way
     let inter161 = odd_model("bad-inter", 96, 161);
     let (_, e) = run(&inter161, "bad-inter-cpu", &opts(ExportFormat::CpuInt4, false, GroupSize::G32));
     assert!(
-        matches!(&e, QuantizeError::Shape { tensor, k: 161, .. } if tensor == "model.layers.0.mlp.down_proj"),
+        matches!(e.kind(), QuantizeErrorKind::Shape { tensor, k: 161, .. } if tensor == "model.layers.0.mlp.down_proj"),
         "{e:?}"
     );
     let (_, e) = run(&inter161, "bad-inter-gptq", &gptq);
     assert!(
-        matches!(&e, QuantizeError::Shape { tensor, n: 161, .. } if tensor == "model.layers.0.mlp.gate_proj"),
+        matches!(e.kind(), QuantizeErrorKind::Shape { tensor, n: 161, .. } if tensor == "model.layers.0.mlp.gate_proj"),
         "{e:?}"
     );
 
     // Options.
     let (msg, e) =
         run(&src, "bad-ignore", &QuantizeOptions { ignore: vec!["model.layers.7.mlp".into()], ..gptq.clone() });
-    assert!(matches!(e, QuantizeError::UnknownIgnore { .. }) && msg.contains("model.layers.7.mlp"), "{msg}");
+    assert!(matches!(e.kind(), QuantizeErrorKind::UnknownIgnore { .. }) && msg.contains("model.layers.7.mlp"), "{msg}");
     let (msg, e) = run(
         &src,
         "bad-fused",
         &QuantizeOptions { ignore: vec!["model.layers.0.self_attn.q_proj".into()], ..gptq.clone() },
     );
     assert!(
-        matches!(e, QuantizeError::PartialFusedIgnore { .. }) && msg.contains("model.layers.0.self_attn.qkv"),
+        matches!(e.kind(), QuantizeErrorKind::PartialFusedIgnore { .. })
+            && msg.contains("model.layers.0.self_attn.qkv"),
         "{msg}"
     );
     let (_, e) = run(&src, "bad-asym", &opts(ExportFormat::CpuInt4, true, GroupSize::G32));
-    assert!(matches!(e, QuantizeError::Options(_)), "{e:?}");
+    assert!(matches!(e.kind(), QuantizeErrorKind::Options(_)), "{e:?}");
 
     // An existing, non-empty output is refused, kept as it was, and replaced only with force.
     let out = scratch("bad-exists");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("keep.txt"), "mine").unwrap();
     let e = quantize_checkpoint(&src, &out, &gptq, None).unwrap_err();
-    assert!(matches!(e, QuantizeError::OutputExists { .. }) && e.to_string().contains("--force"), "{e}");
+    assert!(matches!(e.kind(), QuantizeErrorKind::OutputExists { .. }) && e.to_string().contains("--force"), "{e}");
     assert_eq!(std::fs::read_to_string(out.join("keep.txt")).unwrap(), "mine");
     quantize_checkpoint(&src, &out, &QuantizeOptions { force: true, ..gptq.clone() }, None).unwrap();
     assert!(!out.join("keep.txt").exists() && out.join("config.json").exists());
@@ -606,7 +613,7 @@ fn bad_inputs_are_clear_errors_and_leave_nothing_behind() {
     std::fs::create_dir_all(&empty).unwrap();
     quantize_checkpoint(&src, &empty, &gptq, None).unwrap();
     let e = quantize_checkpoint(&src, &src, &QuantizeOptions { force: true, ..gptq.clone() }, None).unwrap_err();
-    assert!(matches!(e, QuantizeError::Output { .. }), "{e:?}");
+    assert!(matches!(e.kind(), QuantizeErrorKind::Output { .. }), "{e:?}");
     assert!(src.join("model.safetensors").exists());
 }
 
