@@ -45,7 +45,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -58,7 +58,7 @@ use safetensors::tensor::Dtype;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use int4::{Checkpoint, ModelConfig, linear_specs};
+use int4::{Checkpoint, ModelConfig, ModelDir, StoredTensor, linear_specs};
 
 use crate::gptq_method::{
     CalibrationReport, GptqError, GptqErrorKind, GptqOptions, GridKind, GridSpec, LayerQuant, Solved, Target, Zeros,
@@ -534,72 +534,32 @@ pub struct Progress<'a> {
     pub tensor: &'a str,
 }
 
-/// A tensor's place in an input safetensors file.
-#[derive(Clone, Debug)]
-struct RawTensor {
-    name: String,
-    file: usize,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    /// Absolute offset in the file.
-    start: u64,
-    len: u64,
-}
+/// A tensor of the input as stored, read in place from the checkpoint's mapping.
+type RawTensor<'a> = StoredTensor<'a>;
 
-/// Every tensor of the input's files with its absolute byte range, in file order: what streaming a tensor
-/// as stored needs (the memory-mapped [`Checkpoint`] decodes values; this copies bytes).
-struct RawIndex {
+/// Every tensor of the input's files as stored, in file order: what copying a tensor unchanged needs
+/// (the runtime's [`Checkpoint`] reads the files, once; this is its stored view, indexed by name).
+struct RawIndex<'a> {
     files: Vec<PathBuf>,
-    tensors: Vec<RawTensor>,
-    by_name: HashMap<String, usize>,
+    tensors: Vec<RawTensor<'a>>,
+    by_name: HashMap<&'a str, usize>,
 }
 
-impl RawIndex {
-    fn open(files: Vec<PathBuf>) -> Result<Self> {
-        let mut tensors = Vec::new();
-        for (fi, path) in files.iter().enumerate() {
-            let bad = |m: String| QuantizeError::new(QuantizeErrorKind::Input { path: path.clone(), message: m });
-            let bad_header = |entry: Option<String>| {
-                let path = path.clone();
-                move |source| QuantizeErrorKind::Header { path, entry, source }
-            };
-            let mut f = File::open(path).map_err(io_err(path))?;
-            let size = f.metadata().map_err(io_err(path))?.len();
-            let mut n8 = [0u8; 8];
-            f.read_exact(&mut n8).map_err(io_err(path))?;
-            let n = u64::from_le_bytes(n8);
-            if n > 100_000_000 || 8 + n > size {
-                return Err(bad(format!("safetensors header length {n} is invalid")));
-            }
-            let mut header = vec![0u8; n as usize];
-            f.read_exact(&mut header).map_err(io_err(path))?;
-            let v: Value = serde_json::from_slice(&header).map_err(bad_header(None))?;
-            let obj = v.as_object().ok_or_else(|| bad("safetensors header is not a JSON object".into()))?;
-            for (name, info) in obj {
-                if name == "__metadata__" {
-                    continue;
-                }
-                let dtype: Dtype = serde_json::from_value(info["dtype"].clone())
-                    .map_err(bad_header(Some(format!("{name}: dtype {}", info["dtype"]))))?;
-                let shape: Vec<usize> = serde_json::from_value(info["shape"].clone())
-                    .map_err(bad_header(Some(format!("{name}: shape {}", info["shape"]))))?;
-                let offsets: [u64; 2] = serde_json::from_value(info["data_offsets"].clone())
-                    .map_err(bad_header(Some(format!("{name}: data_offsets {}", info["data_offsets"]))))?;
-                let (start, end) = (8 + n + offsets[0], 8 + n + offsets[1]);
-                if offsets[1] < offsets[0] || end > size {
-                    return Err(bad(format!("{name}: data_offsets {offsets:?} lie outside the file")));
-                }
-                tensors.push(RawTensor { name: name.clone(), file: fi, dtype, shape, start, len: end - start });
-            }
-        }
-        tensors.sort_by_key(|t| (t.file, t.start));
-        let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        Ok(RawIndex { files, tensors, by_name })
+impl<'a> RawIndex<'a> {
+    fn of(ckpt: &'a Checkpoint) -> Self {
+        let tensors = ckpt.stored_tensors();
+        let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name, i)).collect();
+        RawIndex { files: ckpt.files(), tensors, by_name }
     }
 
-    fn get(&self, name: &str) -> Option<&RawTensor> {
+    fn get(&self, name: &str) -> Option<&RawTensor<'a>> {
         self.by_name.get(name).map(|&i| &self.tensors[i])
     }
+}
+
+/// A stored tensor's length in bytes.
+fn stored_len(t: &RawTensor<'_>) -> u64 {
+    t.bytes.len() as u64
 }
 
 /// One linear layer of the model as stored: `<prefix>.weight` `[n][k]`.
@@ -754,8 +714,10 @@ pub fn quantize_checkpoint(
             QuantizeErrorKind::Input { path: input.to_path_buf(), message: "is not a model directory".into() }.into()
         );
     }
+    // The input's files are read through the runtime's ModelDir (names confined, regular files, capped).
+    let model = ModelDir::open(input).map_err(QuantizeErrorKind::Model)?;
     let config_path = input.join("config.json");
-    let config_text = std::fs::read_to_string(&config_path).map_err(io_err(&config_path))?;
+    let config_text = model.config_text().map_err(QuantizeErrorKind::Model)?;
     let mut config_json: Value = serde_json::from_str(&config_text)
         .map_err(|source| QuantizeErrorKind::Json { path: config_path.clone(), source })?;
     let cfg = ModelConfig::from_json(&config_text).map_err(QuantizeErrorKind::Model)?;
@@ -767,7 +729,7 @@ pub fn quantize_checkpoint(
         }
         .into());
     }
-    if input.join("quantize_config.json").exists() {
+    if model.open_file("quantize_config.json").map_err(QuantizeErrorKind::Model)?.is_some() {
         return Err(QuantizeErrorKind::AlreadyQuantized {
             path: input.to_path_buf(),
             what: "it has a quantize_config.json".into(),
@@ -781,8 +743,8 @@ pub fn quantize_checkpoint(
         Method::Gptq => Some(crate::gptq_method::calibration_tokens(input, &opts.gptq)?),
     };
 
-    let ckpt = Checkpoint::open(input).map_err(QuantizeErrorKind::Model)?;
-    let raw = RawIndex::open(ckpt.files())?;
+    let ckpt = Checkpoint::open_in(&model).map_err(QuantizeErrorKind::Model)?;
+    let raw = RawIndex::of(&ckpt);
     if let Some(t) =
         raw.tensors.iter().find(|t| [".qweight", ".weight_packed", ".qzeros"].iter().any(|s| t.name.ends_with(s)))
     {
@@ -835,7 +797,7 @@ pub fn quantize_checkpoint(
     let mut jobs = Vec::new();
     let mut outputs: Vec<OutTensor> = Vec::new();
     for (ri, t) in raw.tensors.iter().enumerate() {
-        let as_linear = by_source.get(t.name.as_str()).filter(|p| p.prefix != "lm_head" || !untie);
+        let as_linear = by_source.get(t.name).filter(|p| p.prefix != "lm_head" || !untie);
         if let Some(p) = as_linear {
             let outs = quantized_part_outputs(p, opts, &mut outputs);
             jobs.push(Job::Quantize { part: (*p).clone(), outs });
@@ -845,14 +807,14 @@ pub fn quantize_checkpoint(
             // A tied checkpoint's redundant copy of the head: the quantized head replaces it.
             continue;
         }
-        let why = if ignored_sources.contains(&t.name) {
+        let why = if ignored_sources.contains(t.name) {
             "ignored"
         } else if t.name == "lm_head.weight" {
             "head left unquantized"
         } else {
             "not a linear layer"
         };
-        let out = push_out(&mut outputs, t.name.clone(), t.dtype, t.shape.clone(), t.len);
+        let out = push_out(&mut outputs, t.name.to_string(), t.dtype, t.shape.to_vec(), stored_len(t));
         jobs.push(Job::Copy { raw: ri, out, why });
         if untie && t.name == embed {
             let head = parts.iter().find(|p| p.prefix == "lm_head").cloned().ok_or_else(|| {
@@ -878,13 +840,11 @@ pub fn quantize_checkpoint(
     file.write_all(&header).map_err(io_err(&model_path))?;
     file.set_len(data_start + data_len).map_err(io_err(&model_path))?;
 
-    let mut sources: Vec<File> =
-        raw.files.iter().map(|p| File::open(p).map_err(io_err(p))).collect::<Result<Vec<_>>>()?;
     let bytes_total: u64 = jobs
         .iter()
         .map(|j| match j {
-            Job::Copy { raw: r, .. } => raw.tensors[*r].len,
-            Job::Quantize { part, .. } => raw.get(&part.source).map_or(0, |t| t.len),
+            Job::Copy { raw: r, .. } => stored_len(&raw.tensors[*r]),
+            Job::Quantize { part, .. } => raw.get(&part.source).map_or(0, stored_len),
         })
         .sum();
     // GPTQ: every quantized layer solved up front, sequentially through the model (its codes are then
@@ -925,22 +885,21 @@ pub fn quantize_checkpoint(
     let mut peak_rss = rss_anon_bytes();
     let mut tensors = Vec::new();
     let mut copied = Vec::new();
-    let mut buf = Vec::new();
     for (done, job) in jobs.iter().enumerate() {
         let name = match job {
             Job::Copy { raw: r, out: o, why } => {
                 let t = &raw.tensors[*r];
                 let dst = data_start + outputs[*o].offset;
-                copy_tensor(t, &mut sources[t.file], &raw.files[t.file], &mut file, &model_path, dst, &mut buf)?;
+                copy_tensor(t, &mut file, &model_path, dst)?;
                 copied.push(CopiedTensor {
-                    name: t.name.clone(),
+                    name: t.name.to_string(),
                     dtype: dtype_name(t.dtype),
-                    shape: t.shape.clone(),
-                    bytes: t.len,
+                    shape: t.shape.to_vec(),
+                    bytes: stored_len(t),
                     why: (*why).to_string(),
                 });
-                bytes_done += t.len;
-                t.name.as_str()
+                bytes_done += stored_len(t);
+                t.name
             }
             Job::Quantize { part, outs } => {
                 let src = raw.get(&part.source).ok_or_else(|| QuantizeErrorKind::Tensor {
@@ -950,7 +909,7 @@ pub fn quantize_checkpoint(
                 let w = match ckpt.f32(&part.source, &[part.n, part.k]) {
                     Ok(w) => w,
                     Err(e) => {
-                        let nf = find_non_finite(src, &mut sources[src.file], &raw.files[src.file], &mut buf)?;
+                        let nf = find_non_finite(src);
                         return Err(nf.unwrap_or_else(|| QuantizeErrorKind::Model(e).into()));
                     }
                 };
@@ -963,7 +922,7 @@ pub fn quantize_checkpoint(
                 }
                 peak_rss = peak_rss.max(rss_anon_bytes());
                 tensors.push(layer_report(part, src, &encoded, opts, pre));
-                bytes_done += src.len;
+                bytes_done += stored_len(src);
                 part.prefix.as_str()
             }
         };
@@ -1225,53 +1184,28 @@ fn write_at(file: &mut File, path: &Path, at: u64, bytes: &[u8]) -> Result<()> {
     file.write_all(bytes).map_err(io_err(path))
 }
 
-/// Streams a tensor's bytes from its input file to `dst` in the output, refusing NaN or infinity.
-fn copy_tensor(
-    t: &RawTensor,
-    src: &mut File,
-    src_path: &Path,
-    out: &mut File,
-    out_path: &Path,
-    dst: u64,
-    buf: &mut Vec<u8>,
-) -> Result<()> {
-    let mut done = 0u64;
-    src.seek(SeekFrom::Start(t.start)).map_err(io_err(src_path))?;
+/// Writes a tensor's stored bytes to `dst` in the output, a chunk at a time, refusing NaN or infinity.
+fn copy_tensor(t: &RawTensor<'_>, out: &mut File, out_path: &Path, dst: u64) -> Result<()> {
     out.seek(SeekFrom::Start(dst)).map_err(io_err(out_path))?;
-    while done < t.len {
-        let step = (t.len - done).min(COPY_CHUNK as u64) as usize;
-        buf.resize(step, 0);
-        src.read_exact(buf).map_err(io_err(src_path))?;
-        if let Some((i, v)) = first_non_finite(t.dtype, buf) {
-            return Err(non_finite(t, done / elem_bytes(t.dtype) + i as u64, v));
+    for (c, chunk) in t.bytes.chunks(COPY_CHUNK).enumerate() {
+        if let Some((i, v)) = first_non_finite(t.dtype, chunk) {
+            return Err(non_finite(t, (c * COPY_CHUNK) as u64 / elem_bytes(t.dtype) + i as u64, v));
         }
-        out.write_all(buf).map_err(io_err(out_path))?;
-        done += step as u64;
+        out.write_all(chunk).map_err(io_err(out_path))?;
     }
     Ok(())
 }
 
-/// The first NaN or infinity of a tensor, read from its file (why [`Checkpoint::f32`] refused it).
-fn find_non_finite(t: &RawTensor, src: &mut File, src_path: &Path, buf: &mut Vec<u8>) -> Result<Option<QuantizeError>> {
-    let mut done = 0u64;
-    src.seek(SeekFrom::Start(t.start)).map_err(io_err(src_path))?;
-    while done < t.len {
-        let step = (t.len - done).min(COPY_CHUNK as u64) as usize;
-        buf.resize(step, 0);
-        src.read_exact(buf).map_err(io_err(src_path))?;
-        if let Some((i, v)) = first_non_finite(t.dtype, buf) {
-            return Ok(Some(non_finite(t, done / elem_bytes(t.dtype) + i as u64, v)));
-        }
-        done += step as u64;
-    }
-    Ok(None)
+/// The first NaN or infinity of a stored tensor (why [`Checkpoint::f32`] refused it).
+fn find_non_finite(t: &RawTensor<'_>) -> Option<QuantizeError> {
+    first_non_finite(t.dtype, t.bytes).map(|(i, v)| non_finite(t, i as u64, v))
 }
 
 fn elem_bytes(d: Dtype) -> u64 {
     (d.bitsize() / 8).max(1) as u64
 }
 
-fn non_finite(t: &RawTensor, flat: u64, value: f32) -> QuantizeError {
+fn non_finite(t: &RawTensor<'_>, flat: u64, value: f32) -> QuantizeError {
     let mut index = vec![0usize; t.shape.len()];
     let mut rest = flat as usize;
     for (i, &d) in t.shape.iter().enumerate().rev() {
@@ -1280,7 +1214,7 @@ fn non_finite(t: &RawTensor, flat: u64, value: f32) -> QuantizeError {
             rest /= d;
         }
     }
-    QuantizeErrorKind::NonFinite { tensor: t.name.clone(), index, value }.into()
+    QuantizeErrorKind::NonFinite { tensor: t.name.to_string(), index, value }.into()
 }
 
 /// The first non-finite element of little-endian float bytes (none for other dtypes).
@@ -1495,7 +1429,7 @@ pub fn snr_db(signal: f64, noise: f64) -> Option<f64> {
 
 fn layer_report(
     part: &LinearPart,
-    src: &RawTensor,
+    src: &RawTensor<'_>,
     e: &Encoded,
     opts: &QuantizeOptions,
     solved: Option<&Solved>,

@@ -64,7 +64,7 @@ pub use model_dir::{CONFIG_CAP, ModelDir, ModelSource, TEMPLATE_CAP, TOKENIZER_C
 pub use quantized::{IntegerZeros, QuantFormat, QuantLinear, read_linear};
 pub use sampling::{Sampler, SamplingConfig, argmax, top2_gap};
 pub use text::{Message, TextCodec};
-pub use weights::Checkpoint;
+pub use weights::{Checkpoint, StoredTensor};
 
 pub use int4_select::{Plan, Priority, RunPath};
 

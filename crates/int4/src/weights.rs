@@ -29,6 +29,21 @@ struct Entry {
     end: usize,
 }
 
+/// A tensor as stored in its file, read in place from the mapping (what an export copies unchanged).
+#[derive(Clone, Copy, Debug)]
+pub struct StoredTensor<'a> {
+    /// The tensor's name.
+    pub name: &'a str,
+    /// Its dtype as stored.
+    pub dtype: Dtype,
+    /// Its shape.
+    pub shape: &'a [usize],
+    /// Its bytes (`shape`'s elements of `dtype`, little-endian; safetensors checked the extent).
+    pub bytes: &'a [u8],
+    /// Which of [`Checkpoint::files`] holds it.
+    pub file: usize,
+}
+
 /// A checkpoint's tensors.
 pub struct Checkpoint {
     shards: Vec<Shard>,
@@ -106,6 +121,21 @@ impl Checkpoint {
             shards.push(Shard { path, map, data_start });
         }
         Ok(Checkpoint { shards, entries })
+    }
+
+    /// Every tensor as stored, in file order ([`Checkpoint::files`], then by offset).
+    pub fn stored_tensors(&self) -> Vec<StoredTensor<'_>> {
+        let mut v: Vec<StoredTensor<'_>> = self.entries.keys().filter_map(|n| self.stored(n)).collect();
+        v.sort_by_key(|t| (t.file, self.entries[t.name].start));
+        v
+    }
+
+    /// One tensor as stored, if the checkpoint has it.
+    pub fn stored(&self, name: &str) -> Option<StoredTensor<'_>> {
+        let (name, e) = self.entries.get_key_value(name)?;
+        let shard = &self.shards[e.shard];
+        let bytes = &shard.map[shard.data_start + e.start..shard.data_start + e.end];
+        Some(StoredTensor { name, dtype: e.dtype, shape: &e.shape, bytes, file: e.shard })
     }
 
     /// The safetensors files, in the order they were opened.
