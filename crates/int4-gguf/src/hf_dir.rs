@@ -18,12 +18,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde::ser::SerializeMap;
 use serde_json::{Value, json};
+
+use int4_safetensors::{Dtype, FileLayout, FileWriter, TensorEntry};
 
 use crate::file::{GgmlType, GgufError, GgufFile, GgufValue};
 
@@ -552,19 +553,11 @@ fn write_safetensors(
     plan: &[Planned<'_>],
     path: &Path,
 ) -> Result<(Vec<ConvertedTensor>, u64, u64), ConvertError> {
-    let mut header = serde_json::Map::new();
-    header.insert(
-        "__metadata__".into(),
-        json!({ "format": "pt", "source": "gguf", "converter": format!("int4 gguf_to_hf v{CONVERTER_VERSION}") }),
-    );
-    let mut offset = 0u64;
     let mut converted = Vec::with_capacity(plan.len());
+    let mut entries = Vec::with_capacity(plan.len());
     for p in plan {
         let shape: Vec<usize> = p.dims.iter().rev().map(|&d| d as usize).collect();
-        let n: u64 = p.dims.iter().product();
-        let end = offset + n * 4;
-        header.insert(p.hf_name.clone(), json!({ "dtype": "F32", "shape": shape, "data_offsets": [offset, end] }));
-        offset = end;
+        entries.push(TensorEntry { name: p.hf_name.clone(), dtype: Dtype::F32, shape: shape.clone() });
         converted.push(ConvertedTensor {
             gguf_name: p.gguf_name.to_string(),
             hf_name: p.hf_name.clone(),
@@ -573,31 +566,27 @@ fn write_safetensors(
             unpermuted: p.permute != Permute::None,
         });
     }
-    let mut header = serde_json::to_vec(&Value::Object(header)).expect("a JSON map serializes");
-    // Pad with spaces so the data starts 8-byte aligned, as the safetensors crate does.
-    header.resize(header.len().div_ceil(8) * 8, b' ');
-
+    let converter = format!("int4 gguf_to_hf v{CONVERTER_VERSION}");
+    let layout = FileLayout::new(&[("format", "pt"), ("source", "gguf"), ("converter", &converter)], entries);
+    let n_elements = layout.entries().iter().map(|e| e.len_bytes() / 4).sum();
+    let file_len = layout.file_len();
     let tmp = tmp_path(path);
     let result = (|| -> Result<(), ConvertError> {
-        let f = std::fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
-        let mut w = BufWriter::with_capacity(1 << 20, f);
         let io = |e| io_err(&tmp, e);
-        w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
-        w.write_all(&header).map_err(io)?;
-        for p in plan {
+        let mut w = FileWriter::create(&tmp, layout).map_err(io)?;
+        for (i, p) in plan.iter().enumerate() {
             let mut values = file.tensor_f32(p.gguf_name)?;
             if let Permute::Heads(n_head) = p.permute {
                 values = unpermute_qk(&values, n_head as usize, p.dims[1] as usize, p.dims[0] as usize);
             }
             let mut buf = Vec::with_capacity(1 << 16);
-            for chunk in values.chunks(1 << 14) {
+            for (c, chunk) in values.chunks(1 << 14).enumerate() {
                 buf.clear();
                 buf.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
-                w.write_all(&buf).map_err(io)?;
+                w.write(i, (c << 14) as u64 * 4, &buf).map_err(io)?;
             }
         }
-        let f = w.into_inner().map_err(|e| io_err(&tmp, e.into_error()))?;
-        f.sync_all().map_err(io)?;
+        w.finish().map_err(io)?;
         Ok(())
     })();
     if let Err(e) = result {
@@ -605,8 +594,7 @@ fn write_safetensors(
         return Err(e);
     }
     std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))?;
-    let n_elements = offset / 4;
-    Ok((converted, n_elements, 8 + header.len() as u64 + offset))
+    Ok((converted, n_elements, file_len))
 }
 
 /// Undoes llama.cpp's Q/K row permutation on a row-major `[rows, cols]` matrix (`rows = n_head × head_dim`).

@@ -44,8 +44,7 @@
 //! values in f32, and bits per weight (codes + scales + zero points).
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::io::{Seek, SeekFrom, Write};
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -59,6 +58,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use int4::{Checkpoint, ModelConfig, ModelDir, StoredTensor, linear_specs};
+use int4_safetensors::{FileLayout, FileWriter, TensorEntry};
 
 use crate::gptq_method::{
     CalibrationReport, GptqError, GptqErrorKind, GptqOptions, GridKind, GridSpec, LayerQuant, Solved, Target, Zeros,
@@ -654,16 +654,6 @@ enum Job {
     Quantize { part: LinearPart, outs: Vec<usize> },
 }
 
-/// A tensor of the output file.
-struct OutTensor {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    len: u64,
-    /// From the start of the data section.
-    offset: u64,
-}
-
 /// A hidden work directory beside the output, removed unless the export completes.
 struct WorkDir {
     path: PathBuf,
@@ -795,7 +785,7 @@ pub fn quantize_checkpoint(
     let ignored_sources: HashSet<String> =
         parts.iter().filter(|p| ignored.contains(&p.prefix) && p.source != embed).map(|p| p.source.clone()).collect();
     let mut jobs = Vec::new();
-    let mut outputs: Vec<OutTensor> = Vec::new();
+    let mut outputs: Vec<TensorEntry> = Vec::new();
     for (ri, t) in raw.tensors.iter().enumerate() {
         let as_linear = by_source.get(t.name).filter(|p| p.prefix != "lm_head" || !untie);
         if let Some(p) = as_linear {
@@ -814,7 +804,7 @@ pub fn quantize_checkpoint(
         } else {
             "not a linear layer"
         };
-        let out = push_out(&mut outputs, t.name.to_string(), t.dtype, t.shape.to_vec(), stored_len(t));
+        let out = push_out(&mut outputs, t.name.to_string(), t.dtype, t.shape.to_vec());
         jobs.push(Job::Copy { raw: ri, out, why });
         if untie && t.name == embed {
             let head = parts.iter().find(|p| p.prefix == "lm_head").cloned().ok_or_else(|| {
@@ -824,8 +814,9 @@ pub fn quantize_checkpoint(
             jobs.push(Job::Quantize { part: head, outs });
         }
     }
-    let data_len = assign_offsets(&mut outputs);
-    let header = header_bytes(&outputs, opts)?;
+    let quantizer = format!("int4 quantize {}", env!("CARGO_PKG_VERSION"));
+    let metadata = [("format", "pt"), ("quantizer", quantizer.as_str()), ("quant_method", opts.format.name())];
+    let layout = FileLayout::new(&metadata, outputs);
 
     // Write into a hidden directory beside the output.
     let work =
@@ -834,11 +825,8 @@ pub fn quantize_checkpoint(
     sweep_stale_work_dirs(&parent, &out_name);
     std::fs::create_dir_all(&work.path).map_err(io_err(&work.path))?;
     let model_path = work.path.join("model.safetensors");
-    let mut file = File::create(&model_path).map_err(io_err(&model_path))?;
-    let data_start = 8 + header.len() as u64;
-    file.write_all(&(header.len() as u64).to_le_bytes()).map_err(io_err(&model_path))?;
-    file.write_all(&header).map_err(io_err(&model_path))?;
-    file.set_len(data_start + data_len).map_err(io_err(&model_path))?;
+    let output_bytes = layout.file_len();
+    let mut file = FileWriter::create(&model_path, layout).map_err(io_err(&model_path))?;
 
     let bytes_total: u64 = jobs
         .iter()
@@ -889,8 +877,7 @@ pub fn quantize_checkpoint(
         let name = match job {
             Job::Copy { raw: r, out: o, why } => {
                 let t = &raw.tensors[*r];
-                let dst = data_start + outputs[*o].offset;
-                copy_tensor(t, &mut file, &model_path, dst)?;
+                copy_tensor(t, &mut file, &model_path, *o)?;
                 copied.push(CopiedTensor {
                     name: t.name.to_string(),
                     dtype: dtype_name(t.dtype),
@@ -916,9 +903,9 @@ pub fn quantize_checkpoint(
                 let pre = solved.get(&part.prefix);
                 let encoded = encode(&part.prefix, &w, part.n, part.k, opts, pre.map(|s| &s.quant))?;
                 for (blob, &o) in encoded.blobs.iter().zip(outs) {
-                    let at = data_start + outputs[o].offset;
-                    debug_assert_eq!(blob.len() as u64, outputs[o].len, "{}", outputs[o].name);
-                    write_at(&mut file, &model_path, at, blob)?;
+                    let entry = &file.layout().entries()[o];
+                    debug_assert_eq!(blob.len() as u64, entry.len_bytes(), "{}", entry.name);
+                    file.write(o, 0, blob).map_err(io_err(&model_path))?;
                 }
                 peak_rss = peak_rss.max(rss_anon_bytes());
                 tensors.push(layer_report(part, src, &encoded, opts, pre));
@@ -930,9 +917,7 @@ pub fn quantize_checkpoint(
             report(Progress { done: done + 1, total: jobs.len(), bytes_done, bytes_total, tensor: name });
         }
     }
-    file.sync_all().map_err(io_err(&model_path))?;
-    drop(file);
-    let output_bytes = data_start + data_len;
+    file.finish().map_err(io_err(&model_path))?;
 
     // config.json, the other files, the report; then into place.
     let qc = match opts.format {
@@ -989,58 +974,17 @@ pub fn quantize_checkpoint(
 }
 
 /// Adds a quantized layer's output tensors; returns their indices.
-fn quantized_part_outputs(p: &LinearPart, opts: &QuantizeOptions, outputs: &mut Vec<OutTensor>) -> Vec<usize> {
+fn quantized_part_outputs(p: &LinearPart, opts: &QuantizeOptions, outputs: &mut Vec<TensorEntry>) -> Vec<usize> {
     quantized_tensors(&p.prefix, p.n, p.k, opts)
         .into_iter()
-        .map(|(name, dtype, shape)| {
-            let len = shape.iter().product::<usize>() as u64 * elem_bytes(dtype);
-            push_out(outputs, name, dtype, shape, len)
-        })
+        .map(|(name, dtype, shape)| push_out(outputs, name, dtype, shape))
         .collect()
 }
 
-/// Adds an output tensor (its offset is assigned once all are known); returns its index.
-fn push_out(outputs: &mut Vec<OutTensor>, name: String, dtype: Dtype, shape: Vec<usize>, len: u64) -> usize {
-    outputs.push(OutTensor { name, dtype, shape, len, offset: 0 });
+/// Adds an output tensor (its offset is fixed by the file's layout once all are known); returns its index.
+fn push_out(outputs: &mut Vec<TensorEntry>, name: String, dtype: Dtype, shape: Vec<usize>) -> usize {
+    outputs.push(TensorEntry { name, dtype, shape });
     outputs.len() - 1
-}
-
-/// Orders the output by element size, largest first (as the safetensors crate's own writer does; stable,
-/// so the plan's order within a size), and gives each tensor its offset. Every tensor's length is a
-/// multiple of its element size, so each starts aligned to it. Returns the data section's length.
-fn assign_offsets(outputs: &mut [OutTensor]) -> u64 {
-    let mut order: Vec<usize> = (0..outputs.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(outputs[i].dtype.bitsize().max(8)));
-    let mut offset = 0u64;
-    for i in order {
-        outputs[i].offset = offset;
-        offset += outputs[i].len;
-    }
-    offset
-}
-
-/// The safetensors header: JSON with every tensor's dtype, shape and data offsets, padded with spaces to
-/// a multiple of 8 bytes so the data section starts aligned.
-fn header_bytes(outputs: &[OutTensor], opts: &QuantizeOptions) -> Result<Vec<u8>> {
-    let mut header = serde_json::Map::new();
-    header.insert(
-        "__metadata__".into(),
-        json!({
-            "format": "pt",
-            "quantizer": format!("int4 quantize {}", env!("CARGO_PKG_VERSION")),
-            "quant_method": opts.format.name(),
-        }),
-    );
-    for t in outputs {
-        header.insert(
-            t.name.clone(),
-            json!({"dtype": dtype_name(t.dtype), "shape": t.shape, "data_offsets": [t.offset, t.offset + t.len]}),
-        );
-    }
-    let mut bytes = serde_json::to_vec(&Value::Object(header))
-        .map_err(|source| QuantizeErrorKind::Json { path: PathBuf::from("model.safetensors"), source })?;
-    bytes.resize(bytes.len().div_ceil(8) * 8, b' ');
-    Ok(bytes)
 }
 
 fn dtype_name(d: Dtype) -> String {
@@ -1179,19 +1123,13 @@ fn copy_side_files(input: &Path, to: &Path) -> Result<Vec<String>> {
     Ok(copied)
 }
 
-fn write_at(file: &mut File, path: &Path, at: u64, bytes: &[u8]) -> Result<()> {
-    file.seek(SeekFrom::Start(at)).map_err(io_err(path))?;
-    file.write_all(bytes).map_err(io_err(path))
-}
-
-/// Writes a tensor's stored bytes to `dst` in the output, a chunk at a time, refusing NaN or infinity.
-fn copy_tensor(t: &RawTensor<'_>, out: &mut File, out_path: &Path, dst: u64) -> Result<()> {
-    out.seek(SeekFrom::Start(dst)).map_err(io_err(out_path))?;
+/// Writes a tensor's stored bytes as output tensor `out`, a chunk at a time, refusing NaN or infinity.
+fn copy_tensor(t: &RawTensor<'_>, file: &mut FileWriter, out_path: &Path, out: usize) -> Result<()> {
     for (c, chunk) in t.bytes.chunks(COPY_CHUNK).enumerate() {
         if let Some((i, v)) = first_non_finite(t.dtype, chunk) {
             return Err(non_finite(t, (c * COPY_CHUNK) as u64 / elem_bytes(t.dtype) + i as u64, v));
         }
-        out.write_all(chunk).map_err(io_err(out_path))?;
+        file.write(out, (c * COPY_CHUNK) as u64, chunk).map_err(io_err(out_path))?;
     }
     Ok(())
 }
