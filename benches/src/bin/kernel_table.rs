@@ -128,9 +128,10 @@ fn main() {
         let qi = quantize_integer_zero(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
         let groups = GroupSize::G128.groups(k);
         let gn = |v: &[f32]| (0..groups * n).map(|i| v[(i % n) * groups + i / n]).collect::<Vec<f32>>();
-        let zeros_gn: Vec<u8> = (0..groups * n).map(|i| qi.zero_points[(i % n) * groups + i / n]).collect();
+        let zeros_gn: Vec<u8> =
+            (0..groups * n).map(|i| qi.zero_points.as_deref().unwrap()[(i % n) * groups + i / n]).collect();
         let w4a8 = W4A8Linear::new(
-            W4A8Weights::pack(&qi.codes, &gn(&qi.scales), Some(&zeros_gn), None, GroupSize::G128).unwrap(),
+            W4A8Weights::pack(&qi.codes, &gn(qi.params.scales()), Some(&zeros_gn), None, GroupSize::G128).unwrap(),
             None,
             IsaCaps::process(),
         )
@@ -411,8 +412,9 @@ fn from_memory(quick: bool, rounds: usize, budget: Duration, block: TinygemmBloc
         let qi = quantize_integer_zero(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
         drop(w);
         let groups = GroupSize::G128.groups(k);
-        let scales: Vec<f32> = (0..groups * n).map(|i| qi.scales[(i % n) * groups + i / n]).collect();
-        let zeros: Vec<u8> = (0..groups * n).map(|i| qi.zero_points[(i % n) * groups + i / n]).collect();
+        let scales: Vec<f32> = (0..groups * n).map(|i| qi.params.scales()[(i % n) * groups + i / n]).collect();
+        let zeros: Vec<u8> =
+            (0..groups * n).map(|i| qi.zero_points.as_deref().unwrap()[(i % n) * groups + i / n]).collect();
         // Each copy is packed anew: a clone would share the packed buffer.
         let new_w4a16 = || {
             let weights = W4A16Weights::new(&q.codes, q.params.clone(), block, true).unwrap();

@@ -101,8 +101,8 @@ fn layer(rng: &mut Rng, n: usize, k: usize, group: GroupSize, zeros: Zeros) -> L
             let q = quantize_integer_zero(&w, n, k, group, ScaleSearch::Shrink, ParamPrecision::F16).unwrap();
             Layer {
                 codes: q.codes.clone(),
-                scales: transpose_gn(&q.scales, n, g),
-                zeros: Some(transpose_gn(&q.zero_points, n, g)),
+                scales: transpose_gn(q.params.scales(), n, g),
+                zeros: Some(transpose_gn(q.zero_points.as_deref().unwrap(), n, g)),
                 offsets: None,
             }
         }
@@ -506,9 +506,9 @@ fn int8_activations_cost_little_against_the_same_four_bit_weights() {
     let w = rng.weights(n, k);
     let q = quantize_integer_zero(&w, n, k, GroupSize::G128, ScaleSearch::Shrink, ParamPrecision::F16).unwrap();
     let g = GroupSize::G128.groups(k);
-    let (scales, zps) = (transpose_gn(&q.scales, n, g), transpose_gn(&q.zero_points, n, g));
+    let (scales, zps) = (transpose_gn(q.params.scales(), n, g), transpose_gn(q.zero_points.as_deref().unwrap(), n, g));
     let packed = W4A8Weights::pack(&q.codes, &scales, Some(&zps), None, GroupSize::G128).unwrap();
-    let fz = q.to_float_zero().unwrap();
+    let fz = q.params.clone();
     let gaussian: Vec<f32> = (0..m * k).map(|_| half::bf16::from_f32(rng.normal()).to_f32()).collect();
     let outliers = rng.activations(m, k);
     for (x, bar, what) in [(gaussian, 35.0, "Gaussian"), (outliers, 25.0, "with outliers")] {

@@ -13,6 +13,11 @@
 //! group and the one with the lowest squared error *as decoded* (by [`crate::dequantize`], after any
 //! rounding the caller's [`ParamPrecision`] imposes on the stored scale and zero) is kept. Rounding is
 //! ties-to-even everywhere. A partial last group (K not a multiple of g) is quantized over its own members.
+//!
+//! The grids live here, once: [`GroupGrid`] fits one group and codes and decodes values on it, and every
+//! method that chooses codes goes through it — round to nearest ([`quantize`]) and GPTQ (`int4-quant`, one
+//! column at a time) — so both produce the same grid for the same weights, and a checkpoint writer or a
+//! kernel packer reads one type, [`QuantMatrix`], whichever made it.
 
 use half::{bf16, f16};
 
@@ -63,39 +68,287 @@ pub const SYMMETRIC_FACTORS: [f32; 8] = [1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.82
 /// The smallest range a group may have; a constant group gets this so its scale is never zero.
 pub const MIN_RANGE: f32 = 1e-9;
 
-/// Codes plus float scale and zero: the asymmetric and symmetric grids.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Quantized {
-    /// The codes.
-    pub codes: Codes,
-    /// Scales and float zeros.
-    pub params: GroupParams,
+/// Which grid a matrix is quantized on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GridKind {
+    /// Min/max with a float zero (`cpu_int4`, tinygemm): `(q − 8)·s + z`.
+    Asymmetric,
+    /// Symmetric (GPTQ `sym: true`): `(q − 8)·s`.
+    Symmetric,
+    /// Integer zero point (GPTQ `sym: false`, AWQ): `(q − z)·s`.
+    IntegerZero,
 }
 
-/// Codes plus scale and integer zero point: the GPTQ `sym: false` / AWQ grid.
-#[derive(Clone, Debug, PartialEq)]
-pub struct IntZeroQuantized {
-    /// The codes.
-    pub codes: Codes,
-    /// Scales, `[N][G]`.
-    pub scales: Vec<f32>,
-    /// Zero points in `0..=15`, `[N][G]`.
-    pub zero_points: Vec<u8>,
-    /// Group size.
+/// Everything that decides how a matrix is quantized: the grid, the group size, the scale search and the
+/// precision its parameters are stored in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GridSpec {
+    /// Which grid.
+    pub kind: GridKind,
+    /// Input channels per group.
     pub group: GroupSize,
+    /// Scale search per group.
+    pub search: ScaleSearch,
+    /// The precision scales and zeros are stored in (codes are chosen against the stored values).
+    pub precision: ParamPrecision,
 }
 
-impl IntZeroQuantized {
-    /// The same weights as scale and float zero (`zero = scale·(8 − z)`).
-    pub fn to_float_zero(&self) -> Result<GroupParams> {
-        let zeros = self
-            .scales
-            .iter()
-            .zip(&self.zero_points)
-            .map(|(&s, &z)| crate::convert::integer_zero_to_float(s, z))
-            .collect();
-        GroupParams::new(self.codes.n(), self.codes.k(), self.group, self.scales.clone(), zeros)
+/// One group's grid, chosen from its weights by [`GroupGrid::fit`]: it codes any value and decodes any code
+/// exactly as the grid functions do, so a method that picks codes one column at a time (GPTQ) gets the
+/// grid's own codes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupGrid {
+    kind: GridKind,
+    scale: f32,
+    /// The float zero (asymmetric), or the integer zero point as f32 (8 when symmetric).
+    zero: f32,
+    /// Asymmetric: the grid's low end, from which codes count.
+    origin: f32,
+}
+
+impl GroupGrid {
+    /// Fits the grid to one group's weights `ws` (all finite): with [`ScaleSearch::Shrink`] each candidate
+    /// range is tried and the one with the lowest squared error, as decoded after `precision`'s rounding,
+    /// is kept (the first wins ties). Writes the group's codes to `codes` (`ws.len()` of them); `trial`
+    /// is scratch space.
+    pub fn fit(
+        kind: GridKind,
+        ws: &[f32],
+        search: ScaleSearch,
+        precision: ParamPrecision,
+        codes: &mut [u8],
+        trial: &mut Vec<u8>,
+    ) -> GroupGrid {
+        trial.resize(ws.len(), 0);
+        let trial = &mut trial[..ws.len()];
+        let (lo, hi) = min_max(ws);
+        let mut best: Option<(f64, GroupGrid)> = None;
+        let mut consider = |grid: GroupGrid, measure: bool, trial: &mut [u8], codes: &mut [u8]| {
+            let e = grid.encode(ws, trial, measure);
+            if best.as_ref().is_none_or(|(b, _)| e < *b) {
+                best = Some((e, grid));
+                codes.copy_from_slice(trial);
+            }
+        };
+        match kind {
+            GridKind::Asymmetric => {
+                let shrinks: &[f32] = match search {
+                    ScaleSearch::Off => &ASYMMETRIC_SHRINKS[..1],
+                    ScaleSearch::Shrink => &ASYMMETRIC_SHRINKS,
+                };
+                let span = (hi - lo).max(MIN_RANGE);
+                for &f in shrinks {
+                    let scale = precision.round(span * f / 15.0);
+                    let low = lo + span * (1.0 - f) * 0.5;
+                    let zero = precision.round(low + 8.0 * scale);
+                    // Codes index the grid from its low end, `q = round((w − low)/scale)`. When the stored
+                    // scale and zero were rounded, the grid's low end is where they put it, `zero − 8·scale`.
+                    let origin = if precision == ParamPrecision::F32 { low } else { zero - 8.0 * scale };
+                    consider(GroupGrid { kind, scale, zero, origin }, shrinks.len() > 1, trial, codes);
+                }
+            }
+            GridKind::Symmetric => {
+                let factors: &[f32] = match search {
+                    ScaleSearch::Off => &SYMMETRIC_FACTORS[..1],
+                    ScaleSearch::Shrink => &SYMMETRIC_FACTORS,
+                };
+                let base = (-lo / 8.0).max(hi / 7.0).max(MIN_RANGE / 15.0);
+                for &f in factors {
+                    let scale = precision.round(base * f);
+                    consider(GroupGrid { kind, scale, zero: 8.0, origin: 0.0 }, factors.len() > 1, trial, codes);
+                }
+            }
+            GridKind::IntegerZero => {
+                let shrinks: &[f32] = match search {
+                    ScaleSearch::Off => &ASYMMETRIC_SHRINKS[..1],
+                    ScaleSearch::Shrink => &ASYMMETRIC_SHRINKS,
+                };
+                // As GPTQ does, the range always includes 0, so the zero point lies in 0..=15 and a weight of
+                // exactly 0 is representable.
+                let (lo, hi) = (lo.min(0.0), hi.max(0.0));
+                let span = (hi - lo).max(MIN_RANGE);
+                for &f in shrinks {
+                    let scale = precision.round(span * f / 15.0);
+                    let low = lo + span * (1.0 - f) * 0.5;
+                    let z = round_even(-low / scale).clamp(0.0, 15.0);
+                    consider(GroupGrid { kind, scale, zero: z, origin: 0.0 }, true, trial, codes);
+                }
+            }
+        }
+        best.map(|(_, g)| g).expect("every grid tries at least one range")
     }
+
+    /// The code of `x` on this grid.
+    #[inline]
+    pub fn code(&self, x: f32) -> u8 {
+        match self.kind {
+            GridKind::Asymmetric => round_code((x - self.origin) / self.scale),
+            GridKind::Symmetric => round_code(round_even(x / self.scale) + 8.0),
+            GridKind::IntegerZero => (round_even(x / self.scale) + self.zero).clamp(0.0, 15.0) as u8,
+        }
+    }
+
+    /// The weight code `q` stands for on this grid.
+    #[inline]
+    pub fn decode(&self, q: u8) -> f32 {
+        match self.kind {
+            GridKind::Asymmetric => dequantize(q, self.scale, self.zero),
+            GridKind::Symmetric | GridKind::IntegerZero => (f32::from(q) - self.zero) * self.scale,
+        }
+    }
+
+    /// The scale, as stored.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The float zero of the asymmetric grid; `None` on the others.
+    pub fn float_zero(&self) -> Option<f32> {
+        (self.kind == GridKind::Asymmetric).then_some(self.zero)
+    }
+
+    /// The integer zero point (8 on the symmetric grid); `None` on the asymmetric grid.
+    pub fn zero_point(&self) -> Option<u8> {
+        (self.kind != GridKind::Asymmetric).then_some(self.zero as u8)
+    }
+
+    /// Codes `ws` into `out` and returns the squared error as decoded (only worked out when `measure`: a
+    /// single candidate needs no comparison, and the serial f64 sum would be most of its cost).
+    fn encode(&self, ws: &[f32], out: &mut [u8], measure: bool) -> f64 {
+        if !measure {
+            for (c, &x) in out.iter_mut().zip(ws) {
+                *c = self.code(x);
+            }
+            return 0.0;
+        }
+        let mut e = 0.0f64;
+        for (c, &x) in out.iter_mut().zip(ws) {
+            let q = self.code(x);
+            *c = q;
+            let d = self.decode(q) - x;
+            e += f64::from(d) * f64::from(d);
+        }
+        e
+    }
+}
+
+/// A quantized matrix: codes `[N][K]`, and per output channel and group a scale and a zero. What the grids
+/// produce, GPTQ solves, and the checkpoint writers and the runtime's packers read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantMatrix {
+    /// The codes.
+    pub codes: Codes,
+    /// Scales and zeros in the form every kernel decodes, `(q − 8)·s + z` (an integer zero point `zp` as
+    /// `z = s·(8 − zp)`, exact when the scale is an f16 or bf16 value).
+    pub params: GroupParams,
+    /// The integer zero points, `[N][G]` in `0..=15`, when the grid has them (8 everywhere on the symmetric
+    /// grid); `None` on the asymmetric grid, whose zeros are floats.
+    pub zero_points: Option<Vec<u8>>,
+}
+
+impl QuantMatrix {
+    /// A matrix on an integer-zero grid from its stored form: scales and zero points, `[N][G]`.
+    pub fn with_zero_points(codes: Codes, group: GroupSize, scales: Vec<f32>, zero_points: Vec<u8>) -> Result<Self> {
+        let zeros =
+            scales.iter().zip(&zero_points).map(|(&s, &z)| crate::convert::integer_zero_to_float(s, z)).collect();
+        let params = GroupParams::new(codes.n(), codes.k(), group, scales, zeros)?;
+        if zero_points.len() != params.scales().len() {
+            return err(LayoutErrorKind::LengthMismatch {
+                what: "zero points",
+                expected: params.scales().len(),
+                actual: zero_points.len(),
+            });
+        }
+        Ok(QuantMatrix { codes, params, zero_points: Some(zero_points) })
+    }
+
+    /// Output channels.
+    pub fn n(&self) -> usize {
+        self.codes.n()
+    }
+
+    /// Input channels.
+    pub fn k(&self) -> usize {
+        self.codes.k()
+    }
+
+    /// Weight `(row, col)` as the grid decodes it: `(q − zp)·s` with an integer zero point, else
+    /// `(q − 8)·s + z`.
+    #[inline]
+    pub fn weight(&self, row: usize, col: usize) -> f32 {
+        let q = self.codes.get(row, col);
+        match &self.zero_points {
+            Some(zp) => {
+                let k = self.k();
+                let g = col / self.params.group_size().len(k);
+                let zp = zp[row * self.params.groups() + g];
+                (f32::from(q) - f32::from(zp)) * self.params.scale(row, g)
+            }
+            None => self.params.weight(row, col, q),
+        }
+    }
+
+    /// Every weight decoded as the grid decodes it, `[N][K]`.
+    pub fn dequantized(&self) -> Vec<f32> {
+        let k = self.k();
+        (0..self.n() * k).map(|i| self.weight(i / k, i % k)).collect()
+    }
+
+    /// The rows of `parts` (each a block of rows of one matrix, on one grid), stacked in order.
+    pub fn stack_rows(parts: Vec<QuantMatrix>) -> Result<QuantMatrix> {
+        let Some(first) = parts.first() else { return err(LayoutErrorKind::EmptyShape { n: 0, k: 0 }) };
+        let (k, group, integer) = (first.k(), first.params.group_size(), first.zero_points.is_some());
+        let n = parts.iter().map(QuantMatrix::n).sum();
+        let (mut codes, mut scales, mut zeros, mut zps) =
+            (Vec::with_capacity(n * k), Vec::new(), Vec::new(), Vec::new());
+        for p in parts {
+            if p.k() != k || p.params.group_size() != group || p.zero_points.is_some() != integer {
+                return err(LayoutErrorKind::LengthMismatch { what: "stacked rows' K", expected: k, actual: p.k() });
+            }
+            codes.extend_from_slice(p.codes.as_slice());
+            scales.extend_from_slice(p.params.scales());
+            zeros.extend_from_slice(p.params.zeros());
+            zps.extend(p.zero_points.unwrap_or_default());
+        }
+        Ok(QuantMatrix {
+            codes: Codes::new(n, k, codes)?,
+            params: GroupParams::new(n, k, group, scales, zeros)?,
+            zero_points: integer.then_some(zps),
+        })
+    }
+}
+
+/// Quantizes `w` (`[N][K]`, row-major) per `spec`, group by group ([`GroupGrid::fit`]).
+pub fn quantize(w: &[f32], n: usize, k: usize, spec: GridSpec) -> Result<QuantMatrix> {
+    check_input(w, n, k)?;
+    let (g_len, groups) = (spec.group.len(k), spec.group.groups(k));
+    let mut codes = vec![0u8; n * k];
+    let mut scales = Vec::with_capacity(n * groups);
+    let mut zeros = Vec::with_capacity(n * groups);
+    let mut zero_points = Vec::new();
+    let mut trial = Vec::with_capacity(g_len);
+    for row in 0..n {
+        for g in 0..groups {
+            let k0 = g * g_len;
+            let k1 = (k0 + g_len).min(k);
+            let out = &mut codes[row * k + k0..row * k + k1];
+            let ws = &w[row * k + k0..row * k + k1];
+            let grid = GroupGrid::fit(spec.kind, ws, spec.search, spec.precision, out, &mut trial);
+            scales.push(grid.scale());
+            match grid.zero_point() {
+                Some(zp) => {
+                    zeros.push(crate::convert::integer_zero_to_float(grid.scale(), zp));
+                    zero_points.push(zp);
+                }
+                None => zeros.push(grid.float_zero().unwrap_or(0.0)),
+            }
+        }
+    }
+    Ok(QuantMatrix {
+        codes: Codes::new(n, k, codes)?,
+        params: GroupParams::new(n, k, spec.group, scales, zeros)?,
+        zero_points: (spec.kind != GridKind::Asymmetric).then_some(zero_points),
+    })
 }
 
 /// Quantizes `w` (`[N][K]`, row-major) on the asymmetric min/max grid with a float zero.
@@ -106,46 +359,8 @@ pub fn quantize_asymmetric(
     group: GroupSize,
     search: ScaleSearch,
     precision: ParamPrecision,
-) -> Result<Quantized> {
-    check_input(w, n, k)?;
-    let g_len = group.len(k);
-    let groups = group.groups(k);
-    let mut codes = vec![0u8; n * k];
-    let mut scales = Vec::with_capacity(n * groups);
-    let mut zeros = Vec::with_capacity(n * groups);
-    let shrinks: &[f32] = match search {
-        ScaleSearch::Off => &ASYMMETRIC_SHRINKS[..1],
-        ScaleSearch::Shrink => &ASYMMETRIC_SHRINKS,
-    };
-    let mut trial = vec![0u8; g_len];
-    for row in 0..n {
-        for g in 0..groups {
-            let k0 = g * g_len;
-            let k1 = (k0 + g_len).min(k);
-            let ws = &w[row * k + k0..row * k + k1];
-            let (lo, hi) = min_max(ws);
-            let span = (hi - lo).max(MIN_RANGE);
-            let mut best = (f64::INFINITY, 0.0f32, 0.0f32);
-            let out = &mut codes[row * k + k0..row * k + k1];
-            for &f in shrinks {
-                let scale = precision.round(span * f / 15.0);
-                let low = lo + span * (1.0 - f) * 0.5;
-                let zero = precision.round(low + 8.0 * scale);
-                // Codes index the grid from its low end, `q = round((w − low)/scale)`. When the stored scale
-                // and zero were rounded, the grid's low end is where they put it, `zero − 8·scale`.
-                let origin = if precision == ParamPrecision::F32 { low } else { zero - 8.0 * scale };
-                let trial = &mut trial[..ws.len()];
-                let e = encode_float_zero(ws, scale, zero, |x| (x - origin) / scale, trial, shrinks.len() > 1);
-                if e < best.0 {
-                    best = (e, scale, zero);
-                    out.copy_from_slice(trial);
-                }
-            }
-            scales.push(best.1);
-            zeros.push(best.2);
-        }
-    }
-    Ok(Quantized { codes: Codes::new(n, k, codes)?, params: GroupParams::new(n, k, group, scales, zeros)? })
+) -> Result<QuantMatrix> {
+    quantize(w, n, k, GridSpec { kind: GridKind::Asymmetric, group, search, precision })
 }
 
 /// Quantizes `w` on the symmetric grid `w = (q − 8)·scale` (GPTQ `sym: true`).
@@ -160,40 +375,8 @@ pub fn quantize_symmetric(
     group: GroupSize,
     search: ScaleSearch,
     precision: ParamPrecision,
-) -> Result<Quantized> {
-    check_input(w, n, k)?;
-    let g_len = group.len(k);
-    let groups = group.groups(k);
-    let mut codes = vec![0u8; n * k];
-    let mut scales = Vec::with_capacity(n * groups);
-    let factors: &[f32] = match search {
-        ScaleSearch::Off => &SYMMETRIC_FACTORS[..1],
-        ScaleSearch::Shrink => &SYMMETRIC_FACTORS,
-    };
-    let mut trial = vec![0u8; g_len];
-    for row in 0..n {
-        for g in 0..groups {
-            let k0 = g * g_len;
-            let k1 = (k0 + g_len).min(k);
-            let ws = &w[row * k + k0..row * k + k1];
-            let (lo, hi) = min_max(ws);
-            let base = (-lo / 8.0).max(hi / 7.0).max(MIN_RANGE / 15.0);
-            let mut best = (f64::INFINITY, 0.0f32);
-            let out = &mut codes[row * k + k0..row * k + k1];
-            for &f in factors {
-                let scale = precision.round(base * f);
-                let trial = &mut trial[..ws.len()];
-                let e = encode_float_zero(ws, scale, 0.0, |x| round_even(x / scale) + 8.0, trial, factors.len() > 1);
-                if e < best.0 {
-                    best = (e, scale);
-                    out.copy_from_slice(trial);
-                }
-            }
-            scales.push(best.1);
-        }
-    }
-    let zeros = vec![0.0; scales.len()];
-    Ok(Quantized { codes: Codes::new(n, k, codes)?, params: GroupParams::new(n, k, group, scales, zeros)? })
+) -> Result<QuantMatrix> {
+    quantize(w, n, k, GridSpec { kind: GridKind::Symmetric, group, search, precision })
 }
 
 /// Quantizes `w` on the integer-zero-point grid `w = (q − z)·scale` (GPTQ `sym: false`, AWQ).
@@ -207,78 +390,8 @@ pub fn quantize_integer_zero(
     group: GroupSize,
     search: ScaleSearch,
     precision: ParamPrecision,
-) -> Result<IntZeroQuantized> {
-    check_input(w, n, k)?;
-    let g_len = group.len(k);
-    let groups = group.groups(k);
-    let mut codes = vec![0u8; n * k];
-    let mut scales = Vec::with_capacity(n * groups);
-    let mut zps = Vec::with_capacity(n * groups);
-    let shrinks: &[f32] = match search {
-        ScaleSearch::Off => &ASYMMETRIC_SHRINKS[..1],
-        ScaleSearch::Shrink => &ASYMMETRIC_SHRINKS,
-    };
-    let mut trial = vec![0u8; g_len];
-    for row in 0..n {
-        for g in 0..groups {
-            let k0 = g * g_len;
-            let k1 = (k0 + g_len).min(k);
-            let ws = &w[row * k + k0..row * k + k1];
-            let (lo, hi) = min_max(ws);
-            let (lo, hi) = (lo.min(0.0), hi.max(0.0));
-            let span = (hi - lo).max(MIN_RANGE);
-            let mut best = (f64::INFINITY, 0.0f32, 0u8);
-            let out = &mut codes[row * k + k0..row * k + k1];
-            for &f in shrinks {
-                let scale = precision.round(span * f / 15.0);
-                let low = lo + span * (1.0 - f) * 0.5;
-                let z = round_even(-low / scale).clamp(0.0, 15.0) as u8;
-                let trial = &mut trial[..ws.len()];
-                let mut e = 0.0f64;
-                for (c, &x) in trial.iter_mut().zip(ws) {
-                    let q = (round_even(x / scale) + f32::from(z)).clamp(0.0, 15.0);
-                    *c = q as u8;
-                    let d = (q - f32::from(z)) * scale - x;
-                    e += f64::from(d) * f64::from(d);
-                }
-                if e < best.0 {
-                    best = (e, scale, z);
-                    out.copy_from_slice(trial);
-                }
-            }
-            scales.push(best.1);
-            zps.push(best.2);
-        }
-    }
-    Ok(IntZeroQuantized { codes: Codes::new(n, k, codes)?, scales, zero_points: zps, group })
-}
-
-/// Chooses codes for `ws` (`position` maps a weight to its unrounded grid position) and returns the squared
-/// error of the weights decoded with the given scale and zero.
-/// Codes of `ws` at `position(x)` on the grid, and their squared error (only worked out when `measure`: a
-/// single trial needs no comparison, and the serial f64 sum would be most of its cost).
-fn encode_float_zero(
-    ws: &[f32],
-    scale: f32,
-    zero: f32,
-    position: impl Fn(f32) -> f32,
-    out: &mut [u8],
-    measure: bool,
-) -> f64 {
-    if !measure {
-        for (c, &x) in out.iter_mut().zip(ws) {
-            *c = round_code(position(x));
-        }
-        return 0.0;
-    }
-    let mut e = 0.0f64;
-    for (c, &x) in out.iter_mut().zip(ws) {
-        let q = round_code(position(x));
-        *c = q;
-        let d = dequantize(q, scale, zero) - x;
-        e += f64::from(d) * f64::from(d);
-    }
-    e
+) -> Result<QuantMatrix> {
+    quantize(w, n, k, GridSpec { kind: GridKind::IntegerZero, group, search, precision })
 }
 
 /// `x` clamped to `0..=15` and rounded to the nearest integer, ties to even: the same value as

@@ -174,15 +174,16 @@ fn gptq_checkpoint_to_tinygemm_decodes_exactly() {
     let w = rng.weights(n, k);
     let q = quantize_integer_zero(&w, n, k, GroupSize::G128, ScaleSearch::Shrink, ParamPrecision::F16).unwrap();
     let groups = GroupSize::G128.groups(k);
-    let zeros_gn: Vec<u8> = (0..groups * n).map(|i| q.zero_points[(i % n) * groups + i / n]).collect();
-    let scales_gn: Vec<f32> = (0..groups * n).map(|i| q.scales[(i % n) * groups + i / n]).collect();
+    let zeros_gn: Vec<u8> =
+        (0..groups * n).map(|i| q.zero_points.as_deref().unwrap()[(i % n) * groups + i / n]).collect();
+    let scales_gn: Vec<f32> = (0..groups * n).map(|i| q.params.scales()[(i % n) * groups + i / n]).collect();
     let qweight = gptq::pack_qweight(&q.codes).unwrap();
     let qzeros = gptq::pack_qzeros(&zeros_gn, groups, n, ZeroFormat::V2).unwrap();
 
     let codes: Codes = gptq::unpack_qweight(&qweight, k, n).unwrap();
     let zp = gptq::unpack_qzeros(&qzeros, groups, n, ZeroFormat::V2).unwrap();
     let params = params_from_integer_zeros(n, k, GroupSize::G128, &scales_gn, Some(&zp)).unwrap();
-    assert_eq!(params, q.to_float_zero().unwrap());
+    assert_eq!(params, q.params.clone());
     let packed = tinygemm::pack(&codes, TinygemmBlock::N64).unwrap();
     let m = TinygemmMatrix::new(&packed, n, k, TinygemmBlock::N64).unwrap();
     let mut out = vec![0.0f32; n * k];
@@ -190,8 +191,9 @@ fn gptq_checkpoint_to_tinygemm_decodes_exactly() {
     for row in 0..n {
         for kk in 0..k {
             let g = kk / 128;
-            let exact = (f32::from(q.codes.get(row, kk)) - f32::from(q.zero_points[row * groups + g]))
-                * q.scales[row * groups + g];
+            let exact = (f32::from(q.codes.get(row, kk))
+                - f32::from(q.zero_points.as_deref().unwrap()[row * groups + g]))
+                * q.params.scales()[row * groups + g];
             assert_eq!(out[row * k + kk], exact, "({row}, {kk})");
         }
     }

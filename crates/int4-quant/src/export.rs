@@ -61,7 +61,7 @@ use int4::{Checkpoint, ModelConfig, ModelDir, StoredTensor, linear_specs};
 use int4_safetensors::{FileLayout, FileWriter, TensorEntry};
 
 use crate::gptq_method::{
-    CalibrationReport, GptqError, GptqErrorKind, GptqOptions, GridKind, GridSpec, LayerQuant, Solved, Target, Zeros,
+    CalibrationReport, GptqError, GptqErrorKind, GptqOptions, GridKind, GridSpec, QuantMatrix, Solved, Target,
 };
 
 /// The on-disk format to write.
@@ -1215,7 +1215,7 @@ fn encode(
     n: usize,
     k: usize,
     opts: &QuantizeOptions,
-    pre: Option<&LayerQuant>,
+    pre: Option<&QuantMatrix>,
 ) -> Result<Encoded> {
     let qerr = |source: LayoutError| QuantizeErrorKind::Quantize { tensor: tensor.to_string(), source };
     let group = opts.group;
@@ -1228,29 +1228,31 @@ fn encode(
             &rtn
         }
     };
-    if q.n != n || q.k != k || q.codes.len() != n * k || q.scales.len() != n * groups {
+    if q.n() != n || q.k() != k || q.params.groups() != groups {
         return Err(QuantizeErrorKind::Unstorable {
             tensor: tensor.to_string(),
-            message: format!("quantized as {} x {}, but the layer is {n} x {k}", q.n, q.k),
+            message: format!("quantized as {} x {}, but the layer is {n} x {k}", q.n(), q.k()),
         }
         .into());
     }
-    let codes = int4_layout::Codes::new(n, k, q.codes.clone()).map_err(qerr)?;
-    match (opts.format, &q.zeros) {
-        (ExportFormat::CpuInt4, Zeros::Float(zero)) => {
-            let packed = rowmajor::pack(&codes).map_err(qerr)?;
-            check_params(tensor, &q.scales)?;
+    let codes = &q.codes;
+    let scales = q.params.scales();
+    match (opts.format, &q.zero_points) {
+        (ExportFormat::CpuInt4, None) => {
+            let zero = q.params.zeros();
+            let packed = rowmajor::pack(codes).map_err(qerr)?;
+            check_params(tensor, scales)?;
             check_params(tensor, zero)?;
-            let blobs = vec![packed, f32_le(&q.scales), f32_le(zero)];
+            let blobs = vec![packed, f32_le(scales), f32_le(zero)];
             let stored = (n * k / 2 + 8 * n * groups) as u64;
             let (signal, noise) = snr_sums(w, n, k, |row, out| decode_cpu_int4_row(&blobs, row, k, group, out));
             Ok(Encoded { blobs, stored, signal, noise })
         }
-        (ExportFormat::Gptq, Zeros::Integer(zeros)) => {
+        (ExportFormat::Gptq, Some(zeros)) => {
             let zf = if opts.asym { ZeroFormat::V2 } else { ZeroFormat::V1 };
-            let qweight = gptq::pack_qweight(&codes).map_err(qerr)?;
-            check_params(tensor, &q.scales)?;
-            let scales_gn = transpose(&q.scales, n, groups);
+            let qweight = gptq::pack_qweight(codes).map_err(qerr)?;
+            check_params(tensor, scales)?;
+            let scales_gn = transpose(scales, n, groups);
             if let Some(i) = scales_gn.iter().position(|&s| !f16::from_f32(s).to_f32().is_finite()) {
                 return Err(QuantizeErrorKind::Unstorable {
                     tensor: tensor.to_string(),

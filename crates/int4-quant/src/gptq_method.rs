@@ -47,8 +47,9 @@ use std::time::Instant;
 
 use int4_kernels::dense::{DenseLinear, DenseWeights};
 use int4_kernels::isa::IsaCaps;
-use int4_layout::grid::{self, ASYMMETRIC_SHRINKS, ParamPrecision, ScaleSearch};
-use int4_layout::{GroupSize, LayoutError, dequantize};
+use int4_layout::grid::{self, GroupGrid};
+pub use int4_layout::grid::{GridKind, GridSpec, QuantMatrix};
+use int4_layout::{Codes, GroupParams, LayoutError};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -175,206 +176,15 @@ impl std::error::Error for GptqError {
     }
 }
 
-/// Which grid, and how its parameters are stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GridKind {
-    /// Min/max with a float zero (`cpu_int4`): `(q − 8)·s + z`.
-    Asymmetric,
-    /// Symmetric (GPTQ `sym: true`): `(q − 8)·s`.
-    Symmetric,
-    /// Integer zero point (GPTQ `sym: false`): `(q − z)·s`.
-    IntegerZero,
-}
-
-/// The grid a layer is quantized on: the same as the RTN writer's for the format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GridSpec {
-    /// Which grid.
-    pub kind: GridKind,
-    /// Input channels per group.
-    pub group: GroupSize,
-    /// Scale search per group.
-    pub search: ScaleSearch,
-    /// The precision scales and zeros are stored in (codes are chosen against the stored values).
-    pub precision: ParamPrecision,
-}
-
-/// Zero points of a quantized layer, `[N][G]`.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Zeros {
-    /// Float zeros (`cpu_int4`): `w = (q − 8)·s + z`.
-    Float(Vec<f32>),
-    /// Integer zero points (GPTQ; 8 everywhere when symmetric): `w = (q − z)·s`.
-    Integer(Vec<u8>),
-}
-
-/// A quantized layer: codes `[N][K]`, scales and zeros `[N][G]`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LayerQuant {
-    /// Output channels.
-    pub n: usize,
-    /// Input channels.
-    pub k: usize,
-    /// Group size.
-    pub group: GroupSize,
-    /// Codes in `0..16`, `[N][K]`.
-    pub codes: Vec<u8>,
-    /// Scales as stored, `[N][G]`.
-    pub scales: Vec<f32>,
-    /// Zeros as stored.
-    pub zeros: Zeros,
-}
-
-impl LayerQuant {
-    /// Weight `(row, col)` as the format decodes it.
-    #[inline]
-    pub fn weight(&self, row: usize, col: usize) -> f32 {
-        let groups = self.group.groups(self.k);
-        let gi = row * groups + col / self.group.len(self.k);
-        decode(self.codes[row * self.k + col], self.scales[gi], &self.zeros, gi)
-    }
-
-    /// Every weight decoded, `[N][K]`.
-    pub fn dequantized(&self) -> Vec<f32> {
-        (0..self.n * self.k).map(|i| self.weight(i / self.k, i % self.k)).collect()
-    }
-}
-
-#[inline]
-fn decode(q: u8, s: f32, zeros: &Zeros, gi: usize) -> f32 {
-    match zeros {
-        Zeros::Float(z) => dequantize(q, s, z[gi]),
-        Zeros::Integer(z) => (f32::from(q) - f32::from(z[gi])) * s,
-    }
-}
-
 /// Round to nearest on the grid (the RTN writer's quantization): rows in parallel, in fixed blocks.
-pub fn rtn(w: &[f32], n: usize, k: usize, grid: GridSpec) -> Result<LayerQuant, LayoutError> {
+pub fn rtn(w: &[f32], n: usize, k: usize, grid: GridSpec) -> Result<QuantMatrix, LayoutError> {
     let rows = ((1 << 16) / k.max(1)).max(1);
     let parts = w
         .par_chunks(rows * k.max(1))
-        .map(|c| grid_params(c, c.len() / k, k, grid.group, grid))
+        .map(|c| grid::quantize(c, c.len() / k, k, grid))
         .collect::<Result<Vec<_>, LayoutError>>()?;
-    let mut out = LayerQuant {
-        n,
-        k,
-        group: grid.group,
-        codes: Vec::with_capacity(n * k),
-        scales: Vec::with_capacity(n * grid.group.groups(k)),
-        zeros: match grid.kind {
-            GridKind::Asymmetric => Zeros::Float(Vec::new()),
-            _ => Zeros::Integer(Vec::new()),
-        },
-    };
-    for p in parts {
-        out.codes.extend_from_slice(&p.codes);
-        out.scales.extend_from_slice(&p.scales);
-        match (&mut out.zeros, p.zeros) {
-            (Zeros::Float(a), GroupZeros::Float(b)) => a.extend(b),
-            (Zeros::Integer(a), GroupZeros::Integer(b)) => a.extend(b),
-            (Zeros::Integer(a), GroupZeros::Symmetric) => a.extend(std::iter::repeat_n(8u8, p.scales.len())),
-            _ => unreachable!("one grid kind per layer"),
-        }
-    }
-    Ok(out)
-}
-
-/// The grid's output for `[n][k]` values: codes, scales, zeros.
-struct GridOut {
-    codes: Vec<u8>,
-    scales: Vec<f32>,
-    zeros: GroupZeros,
-}
-
-enum GroupZeros {
-    Float(Vec<f32>),
-    Integer(Vec<u8>),
-    Symmetric,
-}
-
-fn grid_params(w: &[f32], n: usize, k: usize, group: GroupSize, grid: GridSpec) -> Result<GridOut, LayoutError> {
-    Ok(match grid.kind {
-        GridKind::Asymmetric => {
-            let q = grid::quantize_asymmetric(w, n, k, group, grid.search, grid.precision)?;
-            GridOut {
-                scales: q.params.scales().to_vec(),
-                zeros: GroupZeros::Float(q.params.zeros().to_vec()),
-                codes: q.codes.into_vec(),
-            }
-        }
-        GridKind::Symmetric => {
-            let q = grid::quantize_symmetric(w, n, k, group, grid.search, grid.precision)?;
-            GridOut { scales: q.params.scales().to_vec(), zeros: GroupZeros::Symmetric, codes: q.codes.into_vec() }
-        }
-        GridKind::IntegerZero => {
-            let q = grid::quantize_integer_zero(w, n, k, group, grid.search, grid.precision)?;
-            GridOut { scales: q.scales, zeros: GroupZeros::Integer(q.zero_points), codes: q.codes.into_vec() }
-        }
-    })
-}
-
-/// `x.round_ties_even()` exactly as the grids compute it (clamped to ±2²² first, then add and subtract
-/// 1.5·2²³), so a code chosen here is the code the grid would choose for the same value.
-#[inline]
-fn round_even(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    const BOUND: f32 = 4_194_304.0;
-    (v.clamp(-BOUND, BOUND) + MAGIC) - MAGIC
-}
-
-/// `x` clamped to `0..=15` and rounded, ties to even, as the grids do.
-#[inline]
-fn round_code(x: f32) -> u8 {
-    const MAGIC: f32 = 12_582_912.0;
-    ((x.clamp(0.0, 15.0) + MAGIC) - MAGIC) as u8
-}
-
-/// One row's parameters for its current group: how to pick a code for a value, and decode it.
-#[derive(Clone, Copy, Debug)]
-struct ColumnGrid {
-    scale: f32,
-    /// Float zero (asymmetric) or integer zero point as f32.
-    zero: f32,
-    /// Asymmetric: the grid's low end, codes index from it.
-    origin: f32,
-}
-
-impl ColumnGrid {
-    #[inline]
-    fn code(&self, kind: GridKind, x: f32) -> u8 {
-        match kind {
-            GridKind::Asymmetric => round_code((x - self.origin) / self.scale),
-            GridKind::Symmetric => round_code(round_even(x / self.scale) + 8.0),
-            GridKind::IntegerZero => (round_even(x / self.scale) + self.zero).clamp(0.0, 15.0) as u8,
-        }
-    }
-
-    #[inline]
-    fn decode(&self, kind: GridKind, q: u8) -> f32 {
-        match kind {
-            GridKind::Asymmetric => dequantize(q, self.scale, self.zero),
-            GridKind::Symmetric => (f32::from(q) - 8.0) * self.scale,
-            GridKind::IntegerZero => (f32::from(q) - self.zero) * self.scale,
-        }
-    }
-}
-
-/// The asymmetric grid's low end for a group of `ws` given the scale and zero it chose: found by
-/// replaying the grid's arithmetic for each shrink factor (the stored scale identifies the factor).
-fn asymmetric_origin(ws: &[f32], scale: f32, zero: f32, precision: ParamPrecision) -> f32 {
-    if precision != ParamPrecision::F32 {
-        return zero - 8.0 * scale;
-    }
-    let (lo, hi) = ws.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-    let span = (hi - lo).max(grid::MIN_RANGE);
-    for &f in &ASYMMETRIC_SHRINKS {
-        let s = precision.round(span * f / 15.0);
-        let low = lo + span * (1.0 - f) * 0.5;
-        if s == scale && precision.round(low + 8.0 * s) == zero {
-            return low;
-        }
-    }
-    zero - 8.0 * scale
+    debug_assert_eq!(parts.iter().map(QuantMatrix::n).sum::<usize>(), n);
+    QuantMatrix::stack_rows(parts)
 }
 
 /// A Hessian `Σ xᵀx` (f64, `K × K`, full) over the rows seen.
@@ -575,7 +385,7 @@ pub fn solve(
     prep: &Prepared,
     grid: GridSpec,
     layer: &str,
-) -> Result<LayerQuant, GptqError> {
+) -> Result<QuantMatrix, GptqError> {
     if k == 0 || prep.k != k || w.len() != n * k || prep.u.len() != k * k || prep.dead.len() != k {
         return Err(GptqErrorKind::Options(format!(
             "{layer}: {} weights and a Hessian for K = {} do not make an {n} x {k} layer",
@@ -584,44 +394,17 @@ pub fn solve(
         ))
         .into());
     }
-    let groups = grid.group.groups(k);
     let chunks = w
         .par_chunks(ROW_CHUNK * k)
         .map(|c| solve_rows(c, c.len() / k, k, prep, grid))
         .collect::<Result<Vec<_>, LayoutError>>()
+        .and_then(QuantMatrix::stack_rows)
         .map_err(|source| GptqErrorKind::Layout { layer: layer.to_string(), source })?;
-    let mut out = LayerQuant {
-        n,
-        k,
-        group: grid.group,
-        codes: Vec::with_capacity(n * k),
-        scales: Vec::with_capacity(n * groups),
-        zeros: match grid.kind {
-            GridKind::Asymmetric => Zeros::Float(Vec::with_capacity(n * groups)),
-            _ => Zeros::Integer(Vec::with_capacity(n * groups)),
-        },
-    };
-    for (codes, scales, zeros) in chunks {
-        out.codes.extend_from_slice(&codes);
-        out.scales.extend_from_slice(&scales);
-        match &mut out.zeros {
-            Zeros::Float(z) => z.extend(zeros),
-            Zeros::Integer(z) => z.extend(zeros.iter().map(|&v| v as u8)),
-        }
-    }
-    Ok(out)
+    Ok(chunks)
 }
 
-/// GPTQ over `rows` rows (a chunk of the layer): codes `[rows][K]`, scales and zeros `[rows][G]` (zeros as
-/// f32; integer zero points are whole numbers).
-#[allow(clippy::type_complexity)]
-fn solve_rows(
-    w: &[f32],
-    rows: usize,
-    k: usize,
-    prep: &Prepared,
-    grid: GridSpec,
-) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>), LayoutError> {
+/// GPTQ over `rows` rows (a chunk of the layer).
+fn solve_rows(w: &[f32], rows: usize, k: usize, prep: &Prepared, grid: GridSpec) -> Result<QuantMatrix, LayoutError> {
     let (g_len, groups) = (grid.group.len(k), grid.group.groups(k));
     let u = &prep.u;
     let mut w = w.to_vec();
@@ -635,9 +418,10 @@ fn solve_rows(
     let mut codes = vec![0u8; rows * k];
     let mut scales = vec![0.0f32; rows * groups];
     let mut zeros = vec![0.0f32; rows * groups];
-    let mut cur = vec![ColumnGrid { scale: 0.0, zero: 0.0, origin: 0.0 }; rows];
+    let mut zero_points = vec![0u8; rows * groups];
+    let mut cur: Vec<Option<GroupGrid>> = vec![None; rows];
     let mut err = vec![0.0f32; rows * BLOCK];
-    let mut gather = vec![0.0f32; rows * g_len];
+    let (mut group_codes, mut trial) = (vec![0u8; g_len], Vec::with_capacity(g_len));
     let mut i1 = 0;
     while i1 < k {
         let i2 = (i1 + BLOCK).min(k);
@@ -650,30 +434,30 @@ fn solve_rows(
                 let gl = g_len.min(k - j);
                 debug_assert!(j + gl <= i2 || j == i1, "a group starting inside a block must end in it");
                 for r in 0..rows {
-                    gather[r * gl..(r + 1) * gl].copy_from_slice(&w[r * k + j..r * k + j + gl]);
-                }
-                let out = grid_params(&gather[..rows * gl], rows, gl, GroupSize::PerChannel, grid)?;
-                for r in 0..rows {
-                    let s = out.scales[r];
-                    let (zero, origin) = match &out.zeros {
-                        GroupZeros::Float(z) => {
-                            (z[r], asymmetric_origin(&gather[r * gl..(r + 1) * gl], s, z[r], grid.precision))
+                    // The grid's own fit on the group's current values (its codes are chosen column by
+                    // column below, against the error-updated values).
+                    let ws = &w[r * k + j..r * k + j + gl];
+                    let fit =
+                        GroupGrid::fit(grid.kind, ws, grid.search, grid.precision, &mut group_codes[..gl], &mut trial);
+                    cur[r] = Some(fit);
+                    scales[r * groups + g] = fit.scale();
+                    match fit.zero_point() {
+                        Some(zp) => {
+                            zero_points[r * groups + g] = zp;
+                            zeros[r * groups + g] = int4_layout::convert::integer_zero_to_float(fit.scale(), zp);
                         }
-                        GroupZeros::Integer(z) => (f32::from(z[r]), 0.0),
-                        GroupZeros::Symmetric => (8.0, 0.0),
-                    };
-                    cur[r] = ColumnGrid { scale: s, zero, origin };
-                    scales[r * groups + g] = s;
-                    zeros[r * groups + g] = zero;
+                        None => zeros[r * groups + g] = fit.float_zero().unwrap_or(0.0),
+                    }
                 }
             }
             let d = u[j * k + j];
             let urow = &u[j * k + j + 1..j * k + i2];
             for r in 0..rows {
                 let x = w[r * k + j];
-                let q = cur[r].code(grid.kind, x);
+                let fit = cur[r].expect("every column lies in a group whose grid was fitted at its first column");
+                let q = fit.code(x);
                 codes[r * k + j] = q;
-                let e = (x - cur[r].decode(grid.kind, q)) / d;
+                let e = (x - fit.decode(q)) / d;
                 err[r * BLOCK + (j - i1)] = e;
                 for (v, &uu) in w[r * k + j + 1..r * k + i2].iter_mut().zip(urow) {
                     *v -= e * uu;
@@ -694,13 +478,17 @@ fn solve_rows(
         }
         i1 = i2;
     }
-    Ok((codes, scales, zeros))
+    Ok(QuantMatrix {
+        codes: Codes::new(rows, k, codes)?,
+        params: GroupParams::new(rows, k, grid.group, scales, zeros)?,
+        zero_points: (grid.kind != GridKind::Asymmetric).then_some(zero_points),
+    })
 }
 
 /// `tr(D H Dᵀ)` for `D = W − Ŵ` (or `W` itself with `q = None`) and `H` (`K × K`): the summed squared
 /// output error over the calibration rows the Hessian came from. `D·H` runs on the dense GEMM kernel in
 /// f32; each row's dot with `D` is summed in f64, rows in order.
-pub fn output_energy(w: &[f32], q: Option<&LayerQuant>, n: usize, k: usize, h: &[f64]) -> f64 {
+pub fn output_energy(w: &[f32], q: Option<&QuantMatrix>, n: usize, k: usize, h: &[f64]) -> f64 {
     let d: Vec<f32> = match q {
         Some(q) => w.iter().enumerate().map(|(i, &v)| v - q.weight(i / k, i % k)).collect(),
         None => w.to_vec(),
@@ -782,7 +570,7 @@ pub(crate) struct Target {
 /// A layer quantized by GPTQ, with its output error and RTN's on the same Hessian.
 #[derive(Clone, Debug)]
 pub(crate) struct Solved {
-    pub quant: LayerQuant,
+    pub quant: QuantMatrix,
     pub output_snr_db: Option<f64>,
     pub rtn_output_snr_db: Option<f64>,
 }
@@ -1023,6 +811,8 @@ fn slot_index(s: LinearSlot) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use int4_layout::GroupSize;
+    use int4_layout::grid::{ParamPrecision, ScaleSearch};
 
     fn spd(k: usize, seed: u64) -> Vec<f64> {
         let mut s = seed;

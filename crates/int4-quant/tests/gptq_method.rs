@@ -9,9 +9,7 @@ use int4_layout::grid::{self, ParamPrecision, ScaleSearch};
 use int4_quant::export::{
     ExportFormat, Method, QuantizeError, QuantizeErrorKind, QuantizeOptions, quantize_checkpoint,
 };
-use int4_quant::gptq_method::{
-    self, GptqErrorKind, GptqOptions, GridKind, GridSpec, Hessian, LayerQuant, Prepared, Zeros,
-};
+use int4_quant::gptq_method::{self, GptqErrorKind, GptqOptions, GridKind, GridSpec, Hessian, Prepared, QuantMatrix};
 use int4_test_support::{tiny_model, tiny_model_with};
 
 struct Rng(u64);
@@ -61,7 +59,7 @@ fn spec(kind: GridKind, group: GroupSize, search: ScaleSearch) -> GridSpec {
 /// column of the row at once; a group's parameters from the grid on the row's current values of the group
 /// (one row at a time); codes by the grid's own rule (`round_ties_even`, clamped).
 #[allow(clippy::needless_range_loop)] // written as the algorithm reads, index by index
-fn reference(w: &[f32], n: usize, k: usize, prep: &Prepared, g: GridSpec) -> LayerQuant {
+fn reference(w: &[f32], n: usize, k: usize, prep: &Prepared, g: GridSpec) -> QuantMatrix {
     assert_ne!(g.kind, GridKind::Asymmetric, "the reference covers the integer-zero-point grids");
     let (g_len, groups) = (g.group.len(k), g.group.groups(k));
     let mut w = w.to_vec();
@@ -96,7 +94,7 @@ fn reference(w: &[f32], n: usize, k: usize, prep: &Prepared, g: GridSpec) -> Lay
                             g.precision,
                         )
                         .unwrap();
-                        (q.scales[0], q.zero_points[0])
+                        (q.params.scales()[0], q.zero_points.as_deref().unwrap()[0])
                     }
                 };
                 scales[r * groups + j / g_len] = s;
@@ -111,7 +109,7 @@ fn reference(w: &[f32], n: usize, k: usize, prep: &Prepared, g: GridSpec) -> Lay
             }
         }
     }
-    LayerQuant { n, k, group: g.group, codes, scales, zeros: Zeros::Integer(zeros) }
+    QuantMatrix::with_zero_points(int4_layout::Codes::new(n, k, codes).unwrap(), g.group, scales, zeros).unwrap()
 }
 
 /// The blocked, row-parallel solver gives exactly the plain algorithm's codes, scales and zero points:
@@ -174,7 +172,7 @@ fn gptq_lowers_output_error_on_correlated_inputs() {
             (gptq_method::output_energy(&w, Some(&q), n, k, &h), gptq_method::output_energy(&w, Some(&r), n, k, &h));
         assert!(eq < 0.7 * er, "{kind:?}: GPTQ output error {eq:.4e} is not clearly below RTN's {er:.4e}");
         let werr =
-            |l: &LayerQuant| -> f64 { (0..n * k).map(|i| f64::from(w[i] - l.weight(i / k, i % k)).powi(2)).sum() };
+            |l: &QuantMatrix| -> f64 { (0..n * k).map(|i| f64::from(w[i] - l.weight(i / k, i % k)).powi(2)).sum() };
         assert!(werr(&q) > werr(&r), "{kind:?}: GPTQ should give up some weight error");
         // The plain trace (in f64, no GEMM) agrees with output_energy.
         let d: Vec<f64> = (0..n * k).map(|i| f64::from(w[i] - q.weight(i / k, i % k))).collect();

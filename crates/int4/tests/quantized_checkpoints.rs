@@ -103,10 +103,12 @@ fn quantize_linear(
             for (i, d) in deq.iter_mut().enumerate() {
                 let (r, c) = (i / k, i % k);
                 let gi = r * groups + c / 32;
-                *d = (f32::from(q.codes.get(r, c)) - f32::from(q.zero_points[gi])) * q.scales[gi];
+                *d = (f32::from(q.codes.get(r, c)) - f32::from(q.zero_points.as_deref().unwrap()[gi]))
+                    * q.params.scales()[gi];
             }
-            let zp_gn: Vec<u8> = (0..groups * n).map(|i| q.zero_points[(i % n) * groups + i / n]).collect();
-            let scales = f16_bytes(&transpose(&q.scales, n, groups));
+            let zp_gn: Vec<u8> =
+                (0..groups * n).map(|i| q.zero_points.as_deref().unwrap()[(i % n) * groups + i / n]).collect();
+            let scales = f16_bytes(&transpose(q.params.scales(), n, groups));
             if format == Format::Awq {
                 let kn: Vec<u8> = (0..k * n).map(|i| q.codes.get(i % n, i / n)).collect();
                 out.push((t("qweight"), Dtype::I32, vec![k, n / 8], i32_bytes(&gptq::pack_awq(&kn, k, n).unwrap())));
