@@ -154,6 +154,15 @@ wrapped_kinds! {
     minijinja::Error => Template,
 }
 
+impl From<int4_safetensors::ReadError> for ErrorKind {
+    fn from(e: int4_safetensors::ReadError) -> Self {
+        match e {
+            int4_safetensors::ReadError::Io(e) => ErrorKind::Io(e),
+            int4_safetensors::ReadError::Header(e) => ErrorKind::Safetensors(e),
+        }
+    }
+}
+
 /// `.map_err(at(context))`: a wrapped error, kept whole, about `context`.
 pub(crate) fn at<E: Into<ErrorKind>>(context: impl Into<String>) -> impl FnOnce(E) -> Error {
     move |e| Error::new(context, e.into())

@@ -1,4 +1,4 @@
-//! Reading tensors from a checkpoint's safetensors files, memory-mapped.
+//! Reading tensors from a checkpoint's safetensors files, each mapped by `int4_safetensors::MappedFile`.
 //!
 //! One `model.safetensors`, or shards listed by `model.safetensors.index.json`. Tensor data is not assumed
 //! aligned (a header of odd length puts every tensor at an odd offset): values are decoded byte-wise from
@@ -7,26 +7,21 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-use safetensors::tensor::Dtype;
+use int4_safetensors::{Dtype, MappedFile};
 
 use crate::error::{Error, Result, at};
 use crate::model_dir::ModelDir;
 
 struct Shard {
     path: PathBuf,
-    map: Mmap,
-    data_start: usize,
+    file: MappedFile,
 }
 
-/// Where a tensor is.
-#[derive(Clone, Debug)]
+/// Where a tensor is: its shard, and its entry in that shard's [`MappedFile::entries`].
+#[derive(Clone, Copy, Debug)]
 struct Entry {
     shard: usize,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    start: usize,
-    end: usize,
+    index: usize,
 }
 
 /// A tensor as stored in its file, read in place from the mapping (what an export copies unchanged).
@@ -100,42 +95,37 @@ impl Checkpoint {
             let (file, path) = model.open_file(&name)?.ok_or_else(|| {
                 Error::checkpoint(index_path(), format!("names the shard {name:?}, which is missing"))
             })?;
-            let ctx = path.display().to_string();
-            // SAFETY: the mapping is read-only and private; checkpoints are not modified while a model loads
-            // from them (as with any memory-mapped model file, truncating it underneath a running process
-            // is outside what this program can defend against).
-            let map = unsafe { Mmap::map(&file) }.map_err(at(&ctx))?;
-            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(at(&ctx))?;
-            let data_start = 8 + header_len;
-            for (tensor, info) in meta.tensors() {
+            let file = MappedFile::open(&file).map_err(at(path.display().to_string()))?;
+            for (index, tensor) in file.entries().iter().enumerate() {
                 // With an index, a tensor comes from the shard the weight map names, and no other.
-                if weight_map.as_ref().is_some_and(|w| w.get(&tensor) != Some(&name)) {
+                if weight_map.as_ref().is_some_and(|w| w.get(&tensor.name) != Some(&name)) {
                     continue;
                 }
-                let (start, end) = info.data_offsets;
-                entries.insert(
-                    tensor.clone(),
-                    Entry { shard: shards.len(), dtype: info.dtype, shape: info.shape.clone(), start, end },
-                );
+                entries.insert(tensor.name.clone(), Entry { shard: shards.len(), index });
             }
-            shards.push(Shard { path, map, data_start });
+            shards.push(Shard { path, file });
         }
         Ok(Checkpoint { shards, entries })
     }
 
     /// Every tensor as stored, in file order ([`Checkpoint::files`], then by offset).
     pub fn stored_tensors(&self) -> Vec<StoredTensor<'_>> {
-        let mut v: Vec<StoredTensor<'_>> = self.entries.keys().filter_map(|n| self.stored(n)).collect();
-        v.sort_by_key(|t| (t.file, self.entries[t.name].start));
-        v
+        let mut v: Vec<(Entry, StoredTensor<'_>)> =
+            self.entries.iter().map(|(n, &e)| (e, self.stored_at(n, e))).collect();
+        v.sort_by_key(|(e, _)| (e.shard, e.index));
+        v.into_iter().map(|(_, t)| t).collect()
     }
 
     /// One tensor as stored, if the checkpoint has it.
     pub fn stored(&self, name: &str) -> Option<StoredTensor<'_>> {
-        let (name, e) = self.entries.get_key_value(name)?;
-        let shard = &self.shards[e.shard];
-        let bytes = &shard.map[shard.data_start + e.start..shard.data_start + e.end];
-        Some(StoredTensor { name, dtype: e.dtype, shape: &e.shape, bytes, file: e.shard })
+        let (name, &e) = self.entries.get_key_value(name)?;
+        Some(self.stored_at(name, e))
+    }
+
+    fn stored_at<'a>(&'a self, name: &'a str, e: Entry) -> StoredTensor<'a> {
+        let file = &self.shards[e.shard].file;
+        let t = &file.entries()[e.index];
+        StoredTensor { name, dtype: t.dtype, shape: &t.shape, bytes: file.bytes(e.index), file: e.shard }
     }
 
     /// The safetensors files, in the order they were opened.
@@ -146,14 +136,14 @@ impl Checkpoint {
     /// Every tensor's name and dtype (as safetensors spells it), sorted by name.
     pub fn tensors(&self) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> =
-            self.entries.iter().map(|(n, e)| (n.clone(), format!("{:?}", e.dtype))).collect();
+            self.stored_tensors().iter().map(|t| (t.name.to_string(), format!("{:?}", t.dtype))).collect();
         v.sort();
         v
     }
 
     /// A tensor's dtype (as safetensors spells it), if the checkpoint has it.
     pub fn dtype(&self, name: &str) -> Option<String> {
-        self.entries.get(name).map(|e| format!("{:?}", e.dtype))
+        self.stored(name).map(|t| format!("{:?}", t.dtype))
     }
 
     /// Whether the checkpoint has a tensor.
@@ -163,28 +153,31 @@ impl Checkpoint {
 
     /// A tensor's shape.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.entries.get(name).map(|e| e.shape.as_slice())
+        self.stored(name).map(|t| t.shape)
+    }
+
+    /// A tensor as stored, and how an error about it names it (the tensor and its file).
+    fn find(&self, name: &str) -> Result<(StoredTensor<'_>, String)> {
+        let t = self.stored(name).ok_or_else(|| Error::checkpoint(name, "tensor is missing from the checkpoint"))?;
+        let ctx = format!("{} (in {})", name, self.shards[t.file].path.display());
+        Ok((t, ctx))
     }
 
     /// A tensor's raw bytes, checked against the expected shape and one of the accepted dtypes.
     fn raw(&self, name: &str, shape: &[usize], dtypes: &[Dtype]) -> Result<(&[u8], Dtype)> {
-        let e =
-            self.entries.get(name).ok_or_else(|| Error::checkpoint(name, "tensor is missing from the checkpoint"))?;
-        let shard = &self.shards[e.shard];
-        let ctx = || format!("{} (in {})", name, shard.path.display());
-        if e.shape != shape {
-            return Err(Error::checkpoint(ctx(), format!("shape {:?}, expected {:?}", e.shape, shape)));
+        let (t, ctx) = self.find(name)?;
+        if t.shape != shape {
+            return Err(Error::checkpoint(ctx, format!("shape {:?}, expected {:?}", t.shape, shape)));
         }
-        if !dtypes.contains(&e.dtype) {
-            return Err(Error::checkpoint(ctx(), format!("dtype {:?}, expected one of {dtypes:?}", e.dtype)));
+        if !dtypes.contains(&t.dtype) {
+            return Err(Error::checkpoint(ctx, format!("dtype {:?}, expected one of {dtypes:?}", t.dtype)));
         }
         let n: usize = shape.iter().product();
-        let bytes = &shard.map[shard.data_start + e.start..shard.data_start + e.end];
-        let need = n * e.dtype.bitsize() / 8;
-        if bytes.len() != need {
-            return Err(Error::checkpoint(ctx(), format!("holds {} bytes, its shape needs {need}", bytes.len())));
+        let need = n * t.dtype.bitsize() / 8;
+        if t.bytes.len() != need {
+            return Err(Error::checkpoint(ctx, format!("holds {} bytes, its shape needs {need}", t.bytes.len())));
         }
-        Ok((bytes, e.dtype))
+        Ok((t.bytes, t.dtype))
     }
 
     /// A 32-bit integer tensor (GPTQ/AWQ `qweight`, `qzeros`, `g_idx`), checked against the expected shape.
@@ -200,16 +193,13 @@ impl Checkpoint {
 
     /// A tensor as f32 (from bf16, f16 or f32), checked against the expected shape.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let e =
-            self.entries.get(name).ok_or_else(|| Error::checkpoint(name, "tensor is missing from the checkpoint"))?;
-        let shard = &self.shards[e.shard];
-        let ctx = format!("{} (in {})", name, shard.path.display());
-        if e.shape != shape {
-            return Err(Error::checkpoint(ctx, format!("shape {:?}, expected {:?}", e.shape, shape)));
+        let (t, ctx) = self.find(name)?;
+        if t.shape != shape {
+            return Err(Error::checkpoint(ctx, format!("shape {:?}, expected {:?}", t.shape, shape)));
         }
-        let bytes = &shard.map[shard.data_start + e.start..shard.data_start + e.end];
+        let bytes = t.bytes;
         let n: usize = shape.iter().product();
-        let out: Vec<f32> = match e.dtype {
+        let out: Vec<f32> = match t.dtype {
             Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
