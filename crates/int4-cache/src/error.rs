@@ -22,6 +22,13 @@ pub enum CacheErrorKind {
         /// The failure.
         source: std::io::Error,
     },
+    /// An artifact whose JSON header does not parse as one.
+    BadHeader {
+        /// The artifact file.
+        path: PathBuf,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
     /// An artifact whose bytes do not match what its header promises.
     Corrupt {
         /// The artifact file.
@@ -55,6 +62,9 @@ impl fmt::Display for CacheError {
         match &self.kind {
             CacheErrorKind::BadConfig(m) => write!(f, "quantization_config: {m}"),
             CacheErrorKind::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            CacheErrorKind::BadHeader { path, source } => {
+                write!(f, "{}: header is not valid: {source}", path.display())
+            }
             CacheErrorKind::Corrupt { path, reason } => write!(f, "{}: {reason}", path.display()),
         }
     }
@@ -64,7 +74,8 @@ impl std::error::Error for CacheError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             CacheErrorKind::Io { source, .. } => Some(source),
-            _ => None,
+            CacheErrorKind::BadHeader { source, .. } => Some(source),
+            CacheErrorKind::BadConfig(_) | CacheErrorKind::Corrupt { .. } => None,
         }
     }
 }

@@ -497,7 +497,7 @@ fn map_checked(file: File, path: &Path, expect: Option<(&str, &str)>) -> Result<
         return Err(corrupt(format!("header length {header_len} runs past the end of the file")));
     }
     let header: Header = serde_json::from_slice(&map[24..24 + header_len as usize])
-        .map_err(|e| corrupt(format!("header is not valid: {e}")))?;
+        .map_err(|source| CacheError::new(CacheErrorKind::BadHeader { path: path.to_path_buf(), source }))?;
     if blake3::hash(header.canonical.as_bytes()).to_hex().as_str() != header.key {
         return Err(corrupt("the header's canonical key does not hash to the key it names".into()));
     }

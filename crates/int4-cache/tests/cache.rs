@@ -176,6 +176,14 @@ fn damaged_artifacts_are_never_used() {
     bytes[40] ^= 0x20;
     std::fs::write(&path, &bytes).unwrap();
     assert!(matches!(store.load(&key), Lookup::Invalid(_)));
+    // A header that is not JSON: the parser's error is kept as the source.
+    drop(store.store(&key, &sections()).unwrap());
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[24] = b'!';
+    std::fs::write(&path, &bytes).unwrap();
+    let Lookup::Invalid(why) = store.load(&key) else { panic!("an artifact with a broken header loaded") };
+    assert!(matches!(why.kind(), CacheErrorKind::BadHeader { .. }), "{why:?}");
+    assert!(std::error::Error::source(&why).is_some_and(|s| s.is::<serde_json::Error>()), "{why:?}");
     // A flipped byte in the payload: loads check header, size and key; `verify` hashes the payload.
     drop(store.store(&key, &sections()).unwrap());
     let mut bytes = std::fs::read(&path).unwrap();
