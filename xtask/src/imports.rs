@@ -25,15 +25,28 @@ use anyhow::{Context, Result, bail};
 /// crate has to be placed in the layering before it builds in CI.
 pub const ALLOWED_DEPENDENCIES: &[(&str, &[&str])] = &[
     ("int4-layout", &[]),
+    ("int4-files", &[]),
     ("int4-safetensors", &[]),
-    ("int4-gguf", &["int4-layout", "int4-safetensors"]),
+    ("int4-gguf", &["int4-layout", "int4-files", "int4-safetensors"]),
     ("int4-kernels", &["int4-layout"]),
-    ("int4-select", &["int4-layout", "int4-kernels"]),
-    ("int4-cache", &["int4-layout", "int4-kernels", "int4-select"]),
-    ("int4", &["int4-layout", "int4-kernels", "int4-select", "int4-cache", "int4-gguf", "int4-safetensors"]),
+    ("int4-select", &["int4-layout", "int4-files", "int4-kernels"]),
+    ("int4-cache", &["int4-layout", "int4-files", "int4-kernels", "int4-select"]),
+    (
+        "int4",
+        &["int4-layout", "int4-files", "int4-kernels", "int4-select", "int4-cache", "int4-gguf", "int4-safetensors"],
+    ),
     (
         "int4-quant",
-        &["int4-layout", "int4-kernels", "int4-select", "int4-cache", "int4-gguf", "int4-safetensors", "int4"],
+        &[
+            "int4-layout",
+            "int4-files",
+            "int4-kernels",
+            "int4-select",
+            "int4-cache",
+            "int4-gguf",
+            "int4-safetensors",
+            "int4",
+        ],
     ),
     ("int4-cli", &["int4", "int4-quant"]),
     ("xtask", &["int4"]),

@@ -331,6 +331,8 @@ pub struct GgufError {
 pub enum GgufErrorKind {
     /// The file could not be read.
     Io(std::io::Error),
+    /// The path is not a regular file (a directory, a FIFO, a device), or could not be opened.
+    File(int4_files::FileError),
     /// The file ends before the field does.
     Truncated {
         /// Where the field starts.
@@ -413,6 +415,7 @@ impl fmt::Display for GgufError {
         write!(f, "{}: ", self.path.display())?;
         match &self.kind {
             GgufErrorKind::Io(e) => write!(f, "cannot read the file: {e}")?,
+            GgufErrorKind::File(e) => write!(f, "{}", e.kind())?,
             GgufErrorKind::Truncated { offset, needed } => {
                 write!(f, "file truncated: {needed} byte(s) needed at offset {offset}")?
             }
@@ -446,6 +449,7 @@ impl std::error::Error for GgufError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             GgufErrorKind::Io(e) => Some(e),
+            GgufErrorKind::File(e) => Some(e),
             _ => None,
         }
     }
@@ -479,7 +483,12 @@ impl fmt::Debug for GgufFile {
 impl GgufFile {
     /// Reads and parses the GGUF file at `path`, checking every tensor's extent against the file size.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
-        let bytes = std::fs::read(path).map_err(|e| GgufError::new(path, GgufErrorKind::Io(e), "open"))?;
+        // A regular file only: a FIFO or a device (`/dev/zero`) would block or never end.
+        let mut file =
+            int4_files::open_regular(path).map_err(|e| GgufError::new(path, GgufErrorKind::File(e), "open"))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes)
+            .map_err(|e| GgufError::new(path, GgufErrorKind::Io(e), "read"))?;
         GgufFile::from_bytes(path, bytes)
     }
 

@@ -333,6 +333,12 @@ fn read_hparams(meta: &Meta<'_>) -> Result<Hparams, ConvertError> {
     let hidden = meta.req_count("llama.embedding_length")?;
     let ff = meta.req_count("llama.feed_forward_length")?;
     let n_layers = meta.req_count("llama.block_count")?;
+    // Nine tensors per block: a count the file cannot hold is refused before anything is sized by it.
+    let tensors = meta.file.tensors().len() as u64;
+    if n_layers > tensors / 9 {
+        let m = format!("{n_layers} blocks, but the file holds {tensors} tensors (9 per block)");
+        return Err(meta.invalid("llama.block_count", m));
+    }
     let n_head = meta.req_count("llama.attention.head_count")?;
     let n_head_kv = match meta.opt_u64("llama.attention.head_count_kv")? {
         None => n_head,
@@ -374,7 +380,13 @@ fn read_hparams(meta: &Meta<'_>) -> Result<Hparams, ConvertError> {
     let eps = meta.opt_float("llama.attention.layer_norm_rms_epsilon")?.ok_or_else(|| {
         ConvertError::new(meta.path(), ConvertErrorKind::Missing, "llama.attention.layer_norm_rms_epsilon")
     })?;
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(meta.invalid("llama.attention.layer_norm_rms_epsilon", format!("{eps} is not a finite epsilon")));
+    }
     let rope_theta = meta.opt_float("llama.rope.freq_base")?.unwrap_or(10000.0);
+    if !(rope_theta.is_finite() && rope_theta > 0.0) {
+        return Err(meta.invalid("llama.rope.freq_base", format!("{rope_theta} is not a positive finite base")));
+    }
     let context = meta.req_count("llama.context_length")?;
     Ok(Hparams { hidden, ff, n_layers, n_head, n_head_kv, head_dim, eps, rope_theta, context })
 }

@@ -423,7 +423,12 @@ fn truncation_anywhere_is_an_error() {
     let e = GgufFile::open(&path).unwrap_err();
     assert!(e.to_string().contains("truncated.gguf") && e.to_string().ends_with(')'), "{e}");
     let e = GgufFile::open(&tmp_dir().join("does-not-exist.gguf")).unwrap_err();
-    assert!(matches!(e.kind(), GgufErrorKind::Io(_)), "{e:?}");
+    assert!(matches!(e.kind(), GgufErrorKind::File(f) if f.is_not_found()), "{e:?}");
+    // Not a regular file: refused at once, never read without end (`/dev/zero`) or waited on.
+    for not_a_file in [Path::new("/dev/zero"), &tmp_dir()] {
+        let e = GgufFile::open(not_a_file).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
 }
 
 #[test]
@@ -832,6 +837,23 @@ fn conversion_refuses_what_it_cannot_convert() {
     w.kvs.retain(|(k, _)| k != "llama.block_count");
     let e = convert(&w, "missing-key.gguf");
     assert!(matches!(e.kind(), ConvertErrorKind::Missing) && e.field() == "llama.block_count", "{e}");
+
+    // A block count the file cannot hold (2^40 blocks) is refused before anything is sized by it.
+    let mut w = base();
+    let i = w.kvs.iter().position(|(k, _)| k == "llama.block_count").unwrap();
+    w.kvs[i].1 = GgufValue::U64(1 << 40);
+    let e = convert(&w, "blocks.gguf");
+    assert!(matches!(e.kind(), ConvertErrorKind::Invalid(_)) && e.field() == "llama.block_count", "{e}");
+    assert!(e.to_string().contains("1099511627776 blocks"), "{e}");
+
+    // A NaN or infinite float is an error, not a `null` that loads as the default.
+    for (key, bad) in [("llama.rope.freq_base", f32::NAN), ("llama.attention.layer_norm_rms_epsilon", f32::INFINITY)] {
+        let mut w = base();
+        w.kvs.retain(|(k, _)| k != key);
+        w.kv(key, GgufValue::F32(bad));
+        let e = convert(&w, "nan.gguf");
+        assert!(matches!(e.kind(), ConvertErrorKind::Invalid(_)) && e.field() == key, "{key}: {e}");
+    }
 
     let mut w = base();
     w.tensor("blk.0.attn_q.bias", &[32], GgmlType::F32, vec![0; 128]);

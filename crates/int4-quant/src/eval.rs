@@ -63,6 +63,10 @@ pub const SCHEMA: &str = "int4-eval/1";
 /// directory: the repository's committed `eval-*.txt` files).
 pub const DEFAULT_TEXT_DIR: &str = "data/text";
 
+/// The most bytes read from one text file, for evaluation or for GPTQ's calibration (the repository's
+/// texts are tens of KiB; a file over the cap is an error naming it, not a read without end).
+pub const TEXT_CAP: u64 = 64 << 20;
+
 /// Why an evaluation could not be run: what went wrong is its [`kind`](EvalError::kind).
 #[derive(Debug)]
 pub struct EvalError {
@@ -92,6 +96,8 @@ pub enum EvalErrorKind {
         /// The error reading it.
         source: std::io::Error,
     },
+    /// A text file that is not a regular file, is larger than [`TEXT_CAP`], or is not UTF-8.
+    TextFile(int4_files::FileError),
     /// A text file holds no text (only whitespace, or nothing).
     EmptyText {
         /// The file.
@@ -186,6 +192,7 @@ impl fmt::Display for EvalError {
                 write!(f, "--text {}: the directory has no eval-*.txt file (pass a file to use another)", dir.display())
             }
             EvalErrorKind::ReadText { path, source } => write!(f, "{}: {source}", path.display()),
+            EvalErrorKind::TextFile(e) => write!(f, "{e}"),
             EvalErrorKind::EmptyText { path } => write!(f, "{}: the evaluation text is empty", path.display()),
             EvalErrorKind::TooFewTokens { tokens } => write!(
                 f,
@@ -228,6 +235,7 @@ impl std::error::Error for EvalError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             EvalErrorKind::ReadText { source, .. } => Some(source),
+            EvalErrorKind::TextFile(e) => Some(e),
             EvalErrorKind::Model(e) => Some(e),
             _ => None,
         }
@@ -298,8 +306,7 @@ pub fn read_text(path: Option<&Path>) -> Result<Vec<Document>, EvalError> {
     files
         .into_iter()
         .map(|f| {
-            let text =
-                std::fs::read_to_string(&f).map_err(|source| EvalErrorKind::ReadText { path: f.clone(), source })?;
+            let text = int4_files::read_text_capped(&f, TEXT_CAP).map_err(EvalErrorKind::TextFile)?;
             if text.trim().is_empty() {
                 return Err(EvalErrorKind::EmptyText { path: f }.into());
             }

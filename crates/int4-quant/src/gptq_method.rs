@@ -80,6 +80,9 @@ pub enum GptqErrorKind {
         /// The error reading it.
         source: std::io::Error,
     },
+    /// A calibration file that is not a regular file, is larger than [`crate::eval::TEXT_CAP`], or is not
+    /// UTF-8.
+    CalibrationFile(int4_files::FileError),
     /// The calibration text is empty (no `.txt` files in a directory, or no tokens).
     CalibrationEmpty {
         /// The path.
@@ -147,6 +150,7 @@ impl std::fmt::Display for GptqError {
             GptqErrorKind::CalibrationUnreadable { path, source } => {
                 write!(f, "calibration text {}: {source}", path.display())
             }
+            GptqErrorKind::CalibrationFile(e) => write!(f, "calibration text {e}"),
             GptqErrorKind::CalibrationEmpty { path, message } => {
                 write!(f, "calibration text {}: {message}; GPTQ needs some text to measure the inputs", path.display())
             }
@@ -169,6 +173,7 @@ impl std::error::Error for GptqError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             GptqErrorKind::CalibrationUnreadable { source, .. } => Some(source),
+            GptqErrorKind::CalibrationFile(e) => Some(e),
             GptqErrorKind::Model(e) => Some(e),
             GptqErrorKind::Layout { source, .. } => Some(source),
             _ => None,
@@ -626,8 +631,7 @@ pub(crate) fn calibration_tokens(
         if ids.len() >= opts.max_tokens {
             break;
         }
-        let text = std::fs::read_to_string(f)
-            .map_err(|source| GptqErrorKind::CalibrationUnreadable { path: f.clone(), source })?;
+        let text = int4_files::read_text_capped(f, crate::eval::TEXT_CAP).map_err(GptqErrorKind::CalibrationFile)?;
         if text.trim().is_empty() {
             continue;
         }

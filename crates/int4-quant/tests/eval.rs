@@ -151,7 +151,11 @@ fn bad_text_gives_its_error() {
     assert!(matches!(read_text(Some(&empty)).unwrap_err().kind(), EvalErrorKind::EmptyText { .. }));
     let binary = text_dir("binary", &[]);
     std::fs::write(binary.join("eval-01.txt"), [0xffu8, 0xfe, 0x00]).unwrap();
-    assert!(matches!(read_text(Some(&binary)).unwrap_err().kind(), EvalErrorKind::ReadText { .. }));
+    let e = read_text(Some(&binary)).unwrap_err();
+    assert!(matches!(e.kind(), EvalErrorKind::TextFile(_)) && e.to_string().contains("not UTF-8"), "{e}");
+    // Not a regular file (`/dev/zero`): refused, never read without end.
+    let e = read_text(Some(Path::new("/dev/zero"))).unwrap_err();
+    assert!(matches!(e.kind(), EvalErrorKind::TextFile(_)) && e.to_string().contains("character device"), "{e}");
 
     let dir = tiny_model("eval-bad-text");
     let (a, b) = (load(&dir, RunPath::F32, GroupSize::G128), load(&dir, RunPath::F32, GroupSize::G128));

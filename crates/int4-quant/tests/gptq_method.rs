@@ -325,6 +325,10 @@ fn bad_input_is_a_typed_error() {
     let e = gptq_err(run(&gptq_opts(ExportFormat::Gptq, false, Some(&missing))));
     assert!(matches!(gptq_kind(&e), GptqErrorKind::CalibrationUnreadable { .. }), "{e}");
     assert!(e.to_string().contains("int4-gptq-no-such-file.txt"), "{e}");
+    // Not a regular file: refused, never read without end.
+    let e = gptq_err(run(&gptq_opts(ExportFormat::Gptq, false, Some(Path::new("/dev/zero")))));
+    assert!(matches!(gptq_kind(&e), GptqErrorKind::CalibrationFile(_)), "{e}");
+    assert!(e.to_string().contains("character device"), "{e}");
 
     let empty = std::env::temp_dir().join(format!("int4-gptq-{}-empty.txt", std::process::id()));
     std::fs::write(&empty, "  \n\n ").unwrap();

@@ -33,8 +33,8 @@ pub struct ProfileError {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ProfileErrorKind {
-    /// The file could not be read.
-    Io(std::io::Error),
+    /// The file could not be read: missing, not a regular file, or over [`PROFILE_CAP`].
+    File(int4_files::FileError),
     /// The file is not a snapshot as `int4 probe --json` writes it.
     Json(serde_json::Error),
 }
@@ -54,7 +54,7 @@ impl ProfileError {
 impl std::fmt::Display for ProfileError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
-            ProfileErrorKind::Io(e) => write!(f, "CPU profile {}: {e}", self.path),
+            ProfileErrorKind::File(e) => write!(f, "CPU profile {}: {}", self.path, e.kind()),
             ProfileErrorKind::Json(e) => write!(f, "CPU profile {}: {e}", self.path),
         }
     }
@@ -63,16 +63,21 @@ impl std::fmt::Display for ProfileError {
 impl std::error::Error for ProfileError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            ProfileErrorKind::Io(e) => Some(e),
+            ProfileErrorKind::File(e) => Some(e),
             ProfileErrorKind::Json(e) => Some(e),
         }
     }
 }
 
-/// Loads a snapshot saved as JSON (for example by `int4 probe --json`).
+/// The most bytes read from a CPU profile (a snapshot is a few KiB).
+pub const PROFILE_CAP: u64 = 4 << 20;
+
+/// Loads a snapshot saved as JSON (for example by `int4 probe --json`): a regular file of at most
+/// [`PROFILE_CAP`] bytes.
 pub fn load_profile(path: &str) -> Result<CpuSnapshot, ProfileError> {
     let err = |kind| ProfileError { path: path.into(), kind };
-    let text = std::fs::read_to_string(path).map_err(|e| err(ProfileErrorKind::Io(e)))?;
+    let text = int4_files::read_text_capped(std::path::Path::new(path), PROFILE_CAP)
+        .map_err(|e| err(ProfileErrorKind::File(e)))?;
     let mut snap: CpuSnapshot = serde_json::from_str(&text).map_err(|e| err(ProfileErrorKind::Json(e)))?;
     snap.source = format!("override:{path}");
     Ok(snap)

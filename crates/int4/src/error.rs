@@ -17,6 +17,9 @@ pub struct Error {
 pub enum ErrorKind {
     /// A file could not be opened, read or mapped.
     Io(std::io::Error),
+    /// A file could not be opened or read under the rules of `int4_files` (missing, not a regular file,
+    /// over its size cap).
+    File(int4_files::FileError),
     /// A JSON file (`config.json`, a shard index, the tokenizer or generation config) is not valid JSON.
     Json(serde_json::Error),
     /// The model's configuration lacks, mistypes or contradicts what the runtime needs (the message says
@@ -33,6 +36,8 @@ pub enum ErrorKind {
     Artifact(String),
     /// The layout crate refused the weights.
     Layout(int4_layout::LayoutError),
+    /// `INT4_ISA` or `INT4_DISABLE` holds a value that names no level or feature.
+    Caps(int4_kernels::isa::CapsError),
     /// A kernel could not be built or run.
     Kernel(int4_kernels::KernelError),
     /// No path of the ones asked for runs on this machine.
@@ -92,6 +97,8 @@ impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ErrorKind::Io(e) => write!(f, "{e}"),
+            // The context names the file; the error says what is wrong with it.
+            ErrorKind::File(e) => write!(f, "{}", e.kind()),
             ErrorKind::Json(e) => write!(f, "not valid JSON: {e}"),
             ErrorKind::Config(why) | ErrorKind::Checkpoint(why) | ErrorKind::Artifact(why) | ErrorKind::Input(why) => {
                 f.write_str(why)
@@ -99,6 +106,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Safetensors(e) => write!(f, "not a valid safetensors file: {e}"),
             ErrorKind::Cache(e) => write!(f, "{e}"),
             ErrorKind::Layout(e) => write!(f, "{e}"),
+            ErrorKind::Caps(e) => write!(f, "{e}"),
             ErrorKind::Kernel(e) => write!(f, "{e}"),
             ErrorKind::Policy(e) => write!(f, "{e}"),
             ErrorKind::Profile(e) => write!(f, "{e}"),
@@ -118,10 +126,12 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             ErrorKind::Io(e) => Some(e),
+            ErrorKind::File(e) => Some(e),
             ErrorKind::Json(e) => Some(e),
             ErrorKind::Safetensors(e) => Some(e),
             ErrorKind::Cache(e) => Some(e),
             ErrorKind::Layout(e) => Some(e),
+            ErrorKind::Caps(e) => Some(e),
             ErrorKind::Kernel(e) => Some(e),
             ErrorKind::Policy(e) => Some(e),
             ErrorKind::Profile(e) => Some(e),
@@ -144,11 +154,13 @@ macro_rules! wrapped_kinds {
 
 wrapped_kinds! {
     std::io::Error => Io,
+    int4_files::FileError => File,
     serde_json::Error => Json,
     safetensors::SafeTensorError => Safetensors,
     int4_cache::CacheError => Cache,
     int4_layout::LayoutError => Layout,
     int4_kernels::KernelError => Kernel,
+    int4_kernels::isa::CapsError => Caps,
     int4_select::PolicyError => Policy,
     int4_select::ProfileError => Profile,
     minijinja::Error => Template,

@@ -7,15 +7,14 @@
 //! * **Names are confined.** A name the model supplies (a shard in `weight_map`) must be relative, with no
 //!   `..`, absolute or empty component. Symlinks are followed (a Hugging Face snapshot is symlinks into
 //!   `../../blobs/`): confinement applies to names, not to where a link points.
-//! * **Only regular files.** Each file is opened non-blocking and checked with `fstat`, so a FIFO or a
-//!   device at a model path is an error, not a hang or an endless read.
+//! * **Only regular files.** Each file is opened through `int4_files`: non-blocking and checked with
+//!   `fstat`, so a FIFO or a device at a model path is an error, not a hang or an endless read.
 //! * **Sizes are capped.** Text files are read up to a cap each ([`CONFIG_CAP`], [`TOKENIZER_CAP`],
 //!   [`TEMPLATE_CAP`]); a larger one is an error naming the file and the cap.
 //!
 //! [`ModelSource`] says where the model came from; today a directory of a Hugging Face checkpoint.
 
 use std::fs::File;
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, Result, at};
@@ -82,40 +81,17 @@ impl ModelDir {
     }
 
     /// Opens the model file `name` for reading: `None` if there is none, an error unless it is a regular
-    /// file. Opened non-blocking, so a FIFO cannot stall the open.
+    /// file (`int4_files`: opened non-blocking, so a FIFO cannot stall the open).
     pub fn open_file(&self, name: &str) -> Result<Option<(File, PathBuf)>> {
         let path = self.file_path(name)?;
-        let mut options = std::fs::OpenOptions::new();
-        options.read(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.custom_flags(libc::O_NONBLOCK);
-        }
-        let file = match options.open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(at(path.display().to_string())(e)),
-        };
-        let meta = file.metadata().map_err(at(path.display().to_string()))?;
-        if !meta.is_file() {
-            return Err(Error::checkpoint(path.display().to_string(), "is not a regular file"));
-        }
-        Ok(Some((file, path)))
+        let file = int4_files::open_regular_if_exists(&path).map_err(at(path.display().to_string()))?;
+        Ok(file.map(|f| (f, path)))
     }
 
     /// The model file `name` read whole, if it exists, at most `cap` bytes.
     pub fn read(&self, name: &str, cap: u64) -> Result<Option<Vec<u8>>> {
         let Some((file, path)) = self.open_file(name)? else { return Ok(None) };
-        let mut bytes = Vec::new();
-        file.take(cap + 1).read_to_end(&mut bytes).map_err(at(path.display().to_string()))?;
-        if bytes.len() as u64 > cap {
-            return Err(Error::checkpoint(
-                path.display().to_string(),
-                format!("is larger than the {cap} bytes this file may be"),
-            ));
-        }
-        Ok(Some(bytes))
+        int4_files::read_open_capped(file, &path, cap).map(Some).map_err(at(path.display().to_string()))
     }
 
     /// The model file `name` read whole as UTF-8 text, if it exists, at most `cap` bytes.
