@@ -9,6 +9,8 @@
 
 use std::path::PathBuf;
 
+use crate::error::{CacheError, CacheErrorKind};
+
 /// The default model's name: its directory under `<cache root>/models/`.
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 
@@ -23,6 +25,18 @@ pub fn cache_root() -> Option<PathBuf> {
 /// `<cache root>/models/SmolLM2-135M-Instruct`.
 pub fn default_model_dir() -> Option<PathBuf> {
     non_empty("INT4_MODEL_DIR").or_else(|| cache_root().map(|c| c.join("models").join(DEFAULT_MODEL_NAME)))
+}
+
+/// The cache's size cap, `$INT4_CACHE_MAX_BYTES` in bytes (unset or empty: none). A value that is not a
+/// whole number of bytes is an error naming it, never "no cap".
+pub fn cache_cap() -> Result<Option<u64>, CacheError> {
+    let Some(v) = std::env::var_os("INT4_CACHE_MAX_BYTES").filter(|v| !v.is_empty()) else { return Ok(None) };
+    let text = v.to_string_lossy();
+    text.trim().parse::<u64>().map(Some).map_err(|_| {
+        CacheError::new(CacheErrorKind::BadEnvironment(format!(
+            "INT4_CACHE_MAX_BYTES={text:?} is not a size in bytes (a whole number such as 10000000000)"
+        )))
+    })
 }
 
 fn non_empty(var: &str) -> Option<PathBuf> {

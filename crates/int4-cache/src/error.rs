@@ -15,12 +15,24 @@ pub struct CacheError {
 pub enum CacheErrorKind {
     /// A `quantization_config` value this project cannot honour.
     BadConfig(String),
+    /// An environment variable the cache reads holds a value it cannot use (the message names it).
+    BadEnvironment(String),
     /// An I/O failure on a path.
     Io {
         /// The path.
         path: PathBuf,
         /// The failure.
         source: std::io::Error,
+    },
+    /// A file the store reads (an artifact, its source index) is missing, not a regular file, unreadable
+    /// or over its size cap.
+    File(int4_files::FileError),
+    /// Another process held a lock on an artifact for longer than the store waits.
+    Locked {
+        /// The artifact file.
+        path: PathBuf,
+        /// How long the store waited.
+        waited: std::time::Duration,
     },
     /// An artifact whose JSON header does not parse as one.
     BadHeader {
@@ -61,7 +73,12 @@ impl fmt::Display for CacheError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             CacheErrorKind::BadConfig(m) => write!(f, "quantization_config: {m}"),
+            CacheErrorKind::BadEnvironment(m) => f.write_str(m),
             CacheErrorKind::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            CacheErrorKind::File(e) => write!(f, "{e}"),
+            CacheErrorKind::Locked { path, waited } => {
+                write!(f, "{}: locked by another process for more than {} s", path.display(), waited.as_secs_f32())
+            }
             CacheErrorKind::BadHeader { path, source } => {
                 write!(f, "{}: header is not valid: {source}", path.display())
             }
@@ -75,7 +92,11 @@ impl std::error::Error for CacheError {
         match &self.kind {
             CacheErrorKind::Io { source, .. } => Some(source),
             CacheErrorKind::BadHeader { source, .. } => Some(source),
-            CacheErrorKind::BadConfig(_) | CacheErrorKind::Corrupt { .. } => None,
+            CacheErrorKind::File(e) => Some(e),
+            CacheErrorKind::BadConfig(_)
+            | CacheErrorKind::BadEnvironment(_)
+            | CacheErrorKind::Corrupt { .. }
+            | CacheErrorKind::Locked { .. } => None,
         }
     }
 }

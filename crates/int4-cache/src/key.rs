@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::CacheError;
 use crate::quant_config::NormalizedConfig;
 
-/// Version of the key encoding itself. 2: load options ([`ArtifactKey::options`]).
-pub const KEY_FORMAT_VERSION: u32 = 2;
+/// Version of the key encoding itself. 2: load options ([`ArtifactKey::options`]). 3: what packing
+/// reads of the model's configuration ([`ArtifactKey::model`]).
+pub const KEY_FORMAT_VERSION: u32 = 3;
 
 /// Version of the packed layouts an artifact holds (bumped whenever any layout's bytes or the set of
 /// sections change). 2: W4A16 layers store their parameters in lane order (`lane_params`), read in place.
@@ -40,28 +41,79 @@ pub struct SourceIdentity {
     pub files: Vec<SourceFile>,
 }
 
+/// The most bytes read from a source index (`sources.json`: a few hundred bytes per file ever hashed).
+pub const SOURCE_INDEX_CAP: u64 = 16 << 20;
+
+/// What a source index records of a file's metadata when it hashes it: as git's index does, enough to
+/// tell whether the file could have changed since. The change time cannot be set back by a user (`touch
+/// -r`, `cp -p` and `rsync -a` restore the modification time only), and a rewrite in place keeps the
+/// inode but moves the change time; a replaced file has another inode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// One file's entry in the source index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    stamp: Stamp,
+    /// When the hashing started (ns since the epoch).
+    recorded_ns: i128,
+    blake3: String,
+}
+
+/// The source index file (`sources.json` in the cache directory), by canonical path.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SourceIndex {
+    /// 2: device, inode and both times in ns (1, a bare `[size, mtime, hash]` per path, is not read).
+    format: u32,
+    files: BTreeMap<String, Record>,
+}
+
+const SOURCE_INDEX_FORMAT: u32 = 2;
+
 impl SourceIdentity {
-    /// Hashes `paths`. With `index` (a JSON file mapping path → size, mtime and hash), a file whose size
-    /// and mtime are unchanged reuses its recorded hash instead of being read again; the index is updated.
+    /// Hashes `paths`. With `index` (the source index file), a file whose recorded device, inode, size,
+    /// modification and change times all match, and whose times are older than the moment its recorded
+    /// hash was started (git's "racy" rule: a change in the same clock tick as the hashing is not ruled
+    /// out otherwise), reuses that hash instead of being read again; the index is updated.
     pub fn of_files(paths: &[PathBuf], index: Option<&Path>) -> Result<Self, CacheError> {
-        let mut known: BTreeMap<String, (u64, u128, String)> = index
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
+        let mut known = index.map_or_else(SourceIndex::default, read_index);
         let mut files = Vec::new();
         for p in paths {
             let meta = std::fs::metadata(p).map_err(|e| CacheError::io(p, e))?;
-            let mtime = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos());
+            let stamp = Stamp::of(&meta);
             let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).to_string_lossy().to_string();
-            let hash = match known.get(&abs) {
-                Some((size, m, h)) if *size == meta.len() && *m == mtime && mtime != 0 => h.clone(),
-                _ => {
+            let trusted = known
+                .files
+                .get(&abs)
+                .filter(|r| r.stamp == stamp && stamp.mtime_ns < r.recorded_ns && stamp.ctime_ns < r.recorded_ns);
+            let hash = match trusted {
+                Some(r) => r.blake3.clone(),
+                None => {
+                    let recorded_ns = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as i128);
                     let h = hash_file(p)?;
-                    known.insert(abs, (meta.len(), mtime, h.clone()));
+                    known.files.insert(abs, Record { stamp, recorded_ns, blake3: h.clone() });
                     h
                 }
             };
@@ -69,13 +121,31 @@ impl SourceIdentity {
             files.push(SourceFile { name, size: meta.len(), blake3: hash });
         }
         files.sort_by(|a, b| a.name.cmp(&b.name));
-        if let Some(index) = index
-            && let Ok(text) = serde_json::to_string(&known)
-        {
-            // Best effort: an index that cannot be written only costs a rehash next time.
-            let _ = std::fs::write(index, text);
+        if let Some(index) = index {
+            known.format = SOURCE_INDEX_FORMAT;
+            write_index(index, &known);
         }
         Ok(SourceIdentity { files })
+    }
+}
+
+/// The source index at `path`; empty when there is none or it cannot be used (a FIFO, too large, another
+/// format, not JSON): an unusable index only costs hashing again.
+fn read_index(path: &Path) -> SourceIndex {
+    int4_files::read_text_capped(path, SOURCE_INDEX_CAP)
+        .ok()
+        .and_then(|t| serde_json::from_str::<SourceIndex>(&t).ok())
+        .filter(|i| i.format == SOURCE_INDEX_FORMAT)
+        .unwrap_or_default()
+}
+
+/// Writes the index whole, through a temporary renamed over it (a reader never sees half an index).
+/// Best effort: an index that cannot be written only costs a rehash next time.
+fn write_index(path: &Path, index: &SourceIndex) {
+    let Ok(text) = serde_json::to_string(index) else { return };
+    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+    if std::fs::write(&tmp, text).is_err() || std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
 }
 
@@ -131,6 +201,10 @@ pub struct ArtifactKey {
     /// Load options outside the plan and the quantization config that change the packed bytes (such as
     /// an 8-bit head), by name.
     pub options: std::collections::BTreeMap<String, serde_json::Value>,
+    /// What packing reads of the model's configuration: every linear layer's name, shape and the
+    /// checkpoint tensors it stacks (so the vocabulary, the layer shapes and whether the head is tied are
+    /// all in the key), and the architecture. `null` until [`ArtifactKey::with_model`] sets it.
+    pub model: serde_json::Value,
     /// The source checkpoint.
     pub source: SourceIdentity,
 }
@@ -153,6 +227,7 @@ impl ArtifactKey {
             plan: PlanDecision::from(plan),
             cpu_features,
             options: Default::default(),
+            model: serde_json::Value::Null,
             source,
         }
     }
@@ -160,6 +235,12 @@ impl ArtifactKey {
     /// The key with load option `name` set to `value`.
     pub fn with_option(mut self, name: &str, value: serde_json::Value) -> Self {
         self.options.insert(name.to_string(), value);
+        self
+    }
+
+    /// The key with what packing reads of the model's configuration ([`ArtifactKey::model`]).
+    pub fn with_model(mut self, model: serde_json::Value) -> Self {
+        self.model = model;
         self
     }
 

@@ -12,16 +12,28 @@
 //!     …        sections, each starting on a 64-byte boundary (so they map zero-copy and aligned)
 //! ```
 //!
-//! **Writes** go to a uniquely named temporary file in the same directory, are synced, and are renamed
-//! over the final name: a reader sees a whole artifact or none, two writers of the same key both succeed
-//! and one file survives, and a writer killed mid-way leaves only a temporary file that is never read
-//! (and is removed by `clear` and eviction). After writing, the payload is hashed again through the
-//! mapping and compared.
+//! **Writes** go to a uniquely named temporary file in the same directory (`.<key hash>.<pid>.<n>.tmp`,
+//! created read-only and held under an exclusive `flock` by its writer for its whole life), are synced,
+//! and are renamed over the final name: a reader sees a whole artifact or none, two writers of the same
+//! key both succeed and one file survives, and a writer killed mid-way leaves only a temporary file that
+//! is never read. A temporary is the store's own only if its name has exactly that pattern; it belongs to
+//! a dead writer when its lock can be taken, and then `clear`, eviction and every cold write remove it,
+//! whatever its age; a live writer's is left alone, listed by [`ArtifactStore::temporaries`] and counted
+//! against the size cap. After writing, the payload is hashed again through the mapping and compared.
+//! Artifacts are read-only files (mode 0444): they are never modified in place.
 //!
-//! **Loads** check magic, version, byte order, header, the exact file size, the key hash and the full
-//! canonical encoding (so a hash collision or a renamed file is still refused) — the cost of opening a
-//! file. The payload's blake3 is checked on write and by [`ArtifactStore::verify`]. An artifact that fails
-//! any check is never used: [`ArtifactStore::get_or_build`] rebuilds it and warns.
+//! **Loads** check magic, version, byte order, header, the exact file size, the key hash, the full
+//! canonical encoding (so a hash collision or a renamed file is still refused) and the payload's blake3
+//! over every section's name, length and bytes (so a flipped byte or two swapped section names are
+//! refused) — every time, on every thread the process has. An artifact that fails any check is never
+//! used: [`ArtifactStore::get_or_build`] rebuilds it and warns. Files are opened through `int4_files`
+//! (a FIFO or a device at an artifact's name is an error, not a wait), and a lock held by another
+//! process is waited on for at most [`LOCK_WAIT`].
+//!
+//! **Changed underneath a mapping.** A mapped artifact truncated by another program would make the next
+//! read of a page past the new end raise SIGBUS; [`crate::sigbus`] turns that into a one-line message
+//! naming the artifact and exit status [`crate::sigbus::EXIT_ARTIFACT_CHANGED`]. Modifying an artifact
+//! in place while a process maps it is unsupported (`docs/bad-inputs.md`).
 //!
 //! **Eviction** keeps the directory under a size cap, least recently used first (a load touches the file's
 //! modification time). A loaded artifact holds a shared `flock` for as long as it is mapped; eviction only
@@ -33,12 +45,14 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CacheError, CacheErrorKind};
 use crate::key::ArtifactKey;
+use crate::sigbus::MappingGuard;
 
 /// The artifact file format's version. 2: the payload hash covers section names and lengths.
 pub const FORMAT_VERSION: u32 = 2;
@@ -46,6 +60,10 @@ const MAGIC: &[u8; 8] = b"INT4ART\0";
 const ENDIAN_MARK: u32 = 0x0102_0304;
 const ALIGN: u64 = 64;
 const EXT: &str = "int4art";
+
+/// How long a load, a listing or a check waits for a lock another process holds on an artifact before
+/// giving up on it (the store's own exclusive locks, taken to remove a file, last microseconds).
+pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// One named byte range of an artifact.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +92,8 @@ pub struct Header {
 /// A loaded artifact: a read-only mapping, held with a shared lock so it is never evicted while in use.
 #[derive(Debug)]
 pub struct MappedArtifact {
+    // Declared (and so dropped) before the mapping: the SIGBUS registration never outlives it.
+    _guard: MappingGuard,
     map: Mmap,
     header: Header,
     path: PathBuf,
@@ -180,10 +200,11 @@ impl ArtifactStore {
     }
 
     /// The user's store: the cache root ([`crate::dirs::cache_root`]), capped at `INT4_CACHE_MAX_BYTES` if
-    /// set; `None` when no environment variable names a cache root.
-    pub fn from_env() -> Option<Self> {
-        let cap = std::env::var("INT4_CACHE_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok());
-        Some(ArtifactStore { dir: crate::dirs::cache_root()?, cap })
+    /// set ([`crate::dirs::cache_cap`]: a malformed cap is an error); `None` when no environment variable
+    /// names a cache root.
+    pub fn from_env() -> Result<Option<Self>, CacheError> {
+        let cap = crate::dirs::cache_cap()?;
+        Ok(crate::dirs::cache_root().map(|dir| ArtifactStore { dir, cap }))
     }
 
     /// The same store, evicting down to `cap` bytes after every write.
@@ -201,19 +222,25 @@ impl ArtifactStore {
         self.dir.join(format!("{hash}.{EXT}"))
     }
 
-    /// Looks up `key`.
+    /// Looks up `key`: every check of the module docs, the payload hash included.
     pub fn load(&self, key: &ArtifactKey) -> Lookup {
         let hash = key.hash();
         let path = self.path_for(&hash);
-        let file = match File::open(&path) {
+        let file = match int4_files::open_regular(&path) {
             Ok(f) => f,
             // No file, or no directory to hold one: nothing cached (a store will say why it cannot write).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {
+            Err(e)
+                if e.is_not_found()
+                    || matches!(e.kind(), int4_files::FileErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOTDIR)) =>
+            {
                 return Lookup::Miss;
             }
-            Err(e) => return Lookup::Invalid(CacheError::io(&path, e)),
+            Err(e) => return Lookup::Invalid(CacheError::new(CacheErrorKind::File(e))),
         };
-        match map_checked(file, &path, Some((&hash, &key.canonical()))) {
+        let checked = lock_shared(&file, &path)
+            .and_then(|()| map_checked(file, &path, Some((&hash, &key.canonical()))))
+            .and_then(|m| check_payload(m, &path));
+        match checked {
             Ok(m) => {
                 // Mark it recently used for eviction; failing to do so only affects eviction order.
                 let _ = m._lock.set_modified(std::time::SystemTime::now());
@@ -226,6 +253,7 @@ impl ArtifactStore {
     /// Writes an artifact for `key` atomically and returns it mapped (payload hash checked).
     pub fn store(&self, key: &ArtifactKey, sections: &[(String, Vec<u8>)]) -> Result<MappedArtifact, CacheError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| CacheError::io(&self.dir, e))?;
+        self.remove_dead_temporaries();
         let hash = key.hash();
         let mut table = Vec::new();
         let mut payload = blake3::Hasher::new();
@@ -256,26 +284,24 @@ impl ArtifactStore {
             }
         }
         let header_bytes = serde_json::to_vec(&header).expect("header serialises");
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let tmp =
-            self.dir.join(format!(".{hash}.{}.{}.tmp", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
-        let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let (mut f, tmp) = self.create_temporary(&hash)?;
+        let mut write = || -> std::io::Result<()> {
+            let f = &mut f;
             let mut pos = 0u64;
             let put = |f: &mut File, b: &[u8], pos: &mut u64| -> std::io::Result<()> {
                 f.write_all(b)?;
                 *pos += b.len() as u64;
                 Ok(())
             };
-            put(&mut f, MAGIC, &mut pos)?;
-            put(&mut f, &FORMAT_VERSION.to_le_bytes(), &mut pos)?;
-            put(&mut f, &ENDIAN_MARK.to_ne_bytes(), &mut pos)?;
-            put(&mut f, &(header_bytes.len() as u64).to_le_bytes(), &mut pos)?;
-            put(&mut f, &header_bytes, &mut pos)?;
+            put(f, MAGIC, &mut pos)?;
+            put(f, &FORMAT_VERSION.to_le_bytes(), &mut pos)?;
+            put(f, &ENDIAN_MARK.to_ne_bytes(), &mut pos)?;
+            put(f, &(header_bytes.len() as u64).to_le_bytes(), &mut pos)?;
+            put(f, &header_bytes, &mut pos)?;
             for (s, (_, bytes)) in header.sections.iter().zip(sections) {
                 let pad = vec![0u8; (s.offset - pos) as usize];
-                put(&mut f, &pad, &mut pos)?;
-                put(&mut f, bytes, &mut pos)?;
+                put(f, &pad, &mut pos)?;
+                put(f, bytes, &mut pos)?;
             }
             f.sync_all()?;
             std::fs::rename(&tmp, self.path_for(&hash))
@@ -285,8 +311,10 @@ impl ArtifactStore {
             return Err(CacheError::io(&tmp, e));
         }
         let path = self.path_for(&hash);
-        let file = File::open(&path).map_err(|e| CacheError::io(&path, e))?;
-        let mapped = map_checked(file, &path, Some((&hash, &header.canonical)))?;
+        // The writer's descriptor now names the artifact: its exclusive lock becomes the shared lock every
+        // mapping holds, and the file is mapped through it (not reopened by name).
+        flock(&f, libc::LOCK_SH).map_err(|e| CacheError::io(&path, e))?;
+        let mapped = map_checked(f, &path, Some((&hash, &header.canonical)))?;
         if mapped.payload_hash() != header.payload_blake3 {
             let _ = std::fs::remove_file(&path);
             return Err(CacheError::new(CacheErrorKind::Corrupt {
@@ -326,6 +354,35 @@ impl ArtifactStore {
         }
     }
 
+    /// Creates this process's next temporary for `hash`: read-only, locked exclusively, and still the file
+    /// its name points at once locked (a remover that raced the creation would have unlinked it).
+    fn create_temporary(&self, hash: &str) -> Result<(File, PathBuf), CacheError> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        loop {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let tmp = self.dir.join(format!(".{hash}.{}.{n}.tmp", std::process::id()));
+            let mut options = OpenOptions::new();
+            options.read(true).write(true).create_new(true);
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.mode(0o444);
+            }
+            let f = options.open(&tmp).map_err(|e| CacheError::io(&tmp, e))?;
+            flock(&f, libc::LOCK_EX).map_err(|e| CacheError::io(&tmp, e))?;
+            let same = |a: &std::fs::Metadata, b: &std::fs::Metadata| {
+                use std::os::unix::fs::MetadataExt;
+                a.dev() == b.dev() && a.ino() == b.ino()
+            };
+            match (f.metadata(), std::fs::metadata(&tmp)) {
+                (Ok(a), Ok(b)) if same(&a, &b) => return Ok((f, tmp)),
+                // Removed before the lock was taken: try the next name (a remover only takes unlocked ones,
+                // so this happens at most once per racing remover).
+                _ if n < 1 << 20 => continue,
+                _ => return Err(CacheError::io(&tmp, std::io::Error::other("temporary removed while created"))),
+            }
+        }
+    }
+
     /// Every artifact in the directory.
     pub fn list(&self) -> Vec<Entry> {
         let mut out = Vec::new();
@@ -350,8 +407,27 @@ impl ArtifactStore {
     /// listings that say what each artifact is.
     pub fn header(&self, hash: &str) -> Result<Header, CacheError> {
         let path = self.path_for(hash);
-        let file = File::open(&path).map_err(|e| CacheError::io(&path, e))?;
+        let file = int4_files::open_regular(&path).map_err(|e| CacheError::new(CacheErrorKind::File(e)))?;
+        lock_shared(&file, &path)?;
         Ok(map_checked(file, &path, None)?.header)
+    }
+
+    /// The store's temporaries in the directory: `(path, size, whether its writer is alive)`.
+    pub fn temporaries(&self) -> Vec<(PathBuf, u64, bool)> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        let mut out: Vec<(PathBuf, u64, bool)> = rd
+            .flatten()
+            .filter(|e| is_own_temporary(&e.file_name().to_string_lossy()))
+            .filter_map(|e| {
+                let path = e.path();
+                let file = int4_files::open_regular(&path).ok()?;
+                let size = file.metadata().map_or(0, |m| m.len());
+                let alive = flock(&file, libc::LOCK_SH | libc::LOCK_NB).is_err();
+                Some((path, size, alive))
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     /// Checks every artifact fully (header, size, payload blake3): `(key, Ok or the problem)`.
@@ -361,16 +437,15 @@ impl ArtifactStore {
             .map(|e| {
                 let path = self.path_for(&e.key);
                 let corrupt = |reason: String| CacheError::new(CacheErrorKind::Corrupt { path: path.clone(), reason });
-                let r = File::open(&path)
-                    .map_err(|err| CacheError::io(&path, err))
+                let r = int4_files::open_regular(&path)
+                    .map_err(|err| CacheError::new(CacheErrorKind::File(err)))
+                    .and_then(|f| lock_shared(&f, &path).map(|()| f))
                     .and_then(|f| map_checked(f, &path, None))
                     .and_then(|m| {
                         if m.header.key != e.key {
                             Err(corrupt(format!("header names key {}, file is named {}", m.header.key, e.key)))
-                        } else if m.payload_hash() != m.header.payload_blake3 {
-                            Err(corrupt("payload blake3 does not match the header: the file is corrupt".into()))
                         } else {
-                            Ok(())
+                            check_payload(m, &path).map(drop)
                         }
                     });
                 (e.key, r)
@@ -385,16 +460,17 @@ impl ArtifactStore {
         std::fs::write(&p, b"").map_err(|e| CacheError::io(&p, e))
     }
 
-    /// Removes every artifact no process has mapped (and stale temporary files); returns the count removed.
+    /// Removes every artifact no process has mapped (and dead writers' temporaries); returns the count of
+    /// artifacts removed.
     pub fn clear(&self) -> usize {
-        self.remove_stale_temporaries();
+        self.remove_dead_temporaries();
         self.list().into_iter().filter(|e| self.try_remove(&e.key)).count()
     }
 
     /// Evicts least recently used, unpinned, unmapped artifacts until the total is at most `cap` bytes;
     /// returns the keys evicted.
     pub fn evict_to(&self, cap: u64) -> Vec<String> {
-        self.remove_stale_temporaries();
+        self.remove_dead_temporaries();
         let mut entries: Vec<(std::time::SystemTime, Entry)> = self
             .list()
             .into_iter()
@@ -406,7 +482,9 @@ impl ArtifactStore {
             })
             .collect();
         entries.sort_by_key(|(t, _)| *t);
-        let mut total: u64 = entries.iter().map(|(_, e)| e.size).sum();
+        // Live writers' temporaries count against the cap: they become artifacts.
+        let writing: u64 = self.temporaries().iter().map(|(_, size, _)| size).sum();
+        let mut total: u64 = entries.iter().map(|(_, e)| e.size).sum::<u64>() + writing;
         let mut evicted = Vec::new();
         for (_, e) in entries {
             if total <= cap {
@@ -423,32 +501,75 @@ impl ArtifactStore {
     /// Removes an artifact if no process holds it (an exclusive non-blocking lock succeeds).
     fn try_remove(&self, hash: &str) -> bool {
         let path = self.path_for(hash);
-        let Ok(f) = File::open(&path) else {
+        let Ok(f) = int4_files::open_regular(&path) else {
             return false;
         };
-        if !flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
+        if flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_err() {
             return false;
         }
         std::fs::remove_file(&path).is_ok()
     }
 
-    fn remove_stale_temporaries(&self) {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            let old = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age.as_secs() > 3600);
-            // A temporary of a live writer is younger than an hour; older ones belong to killed writers.
-            if name.starts_with('.') && name.ends_with(".tmp") && old {
-                let _ = std::fs::remove_file(e.path());
+    /// Removes the store's temporaries whose writer is dead (its exclusive lock is gone), whatever their
+    /// age; files that merely look like temporaries are left alone.
+    fn remove_dead_temporaries(&self) {
+        for (path, _, alive) in self.temporaries() {
+            if alive {
+                continue;
+            }
+            // Taken exclusively before removal, so a writer that created this name since the listing (and so
+            // holds its lock) is never removed.
+            if let Ok(f) = int4_files::open_regular(&path)
+                && flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok()
+            {
+                let _ = std::fs::remove_file(&path);
             }
         }
+    }
+}
+
+/// Whether `name` is one of the store's temporaries: `.<64 hex digits>.<pid>.<n>.tmp`.
+fn is_own_temporary(name: &str) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { return false };
+    let mut parts = inner.split('.');
+    let (Some(hash), Some(pid), Some(n), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) && digits(pid) && digits(n)
+}
+
+/// Takes the shared lock a mapping holds, waiting at most [`LOCK_WAIT`] for another process's exclusive
+/// one. A filesystem without locks (the call fails otherwise) leaves the artifact evictable, which only
+/// unlinks it: the mapping stays valid.
+fn lock_shared(file: &File, path: &Path) -> Result<(), CacheError> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match flock(file, libc::LOCK_SH | libc::LOCK_NB) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                if Instant::now() >= deadline {
+                    return Err(CacheError::new(CacheErrorKind::Locked {
+                        path: path.to_path_buf(),
+                        waited: LOCK_WAIT,
+                    }));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(_) => return Ok(()),
+        }
+    }
+}
+
+/// `m` if its payload hashes to what its header says.
+fn check_payload(m: MappedArtifact, path: &Path) -> Result<MappedArtifact, CacheError> {
+    if m.payload_hash() == m.header.payload_blake3 {
+        Ok(m)
+    } else {
+        Err(CacheError::new(CacheErrorKind::Corrupt {
+            path: path.to_path_buf(),
+            reason: "payload blake3 does not match the header: the file is corrupt".into(),
+        }))
     }
 }
 
@@ -461,24 +582,25 @@ fn hash_section(h: &mut blake3::Hasher, name: &str, bytes: &[u8]) {
     h.update_rayon(bytes);
 }
 
-/// `flock(fd, op)`; `true` on success.
-fn flock(f: &File, op: libc::c_int) -> bool {
+/// `flock(fd, op)`.
+fn flock(f: &File, op: libc::c_int) -> std::io::Result<()> {
     // SAFETY: `f` is an open file for the duration of the call, so its descriptor is valid; flock only
     // changes the advisory lock state of that open file description.
-    unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
+    if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
-/// Maps `file` and checks everything but the payload hash. `expect` is the key hash and canonical
-/// encoding the caller asked for (`None` to accept whatever key the header names).
+/// Maps `file` (the caller holds its shared lock) and checks everything but the payload hash. `expect`
+/// is the key hash and canonical encoding the caller asked for (`None` to accept whatever key the header
+/// names).
 fn map_checked(file: File, path: &Path, expect: Option<(&str, &str)>) -> Result<MappedArtifact, CacheError> {
     let corrupt = |reason: String| CacheError::new(CacheErrorKind::Corrupt { path: path.to_path_buf(), reason });
-    // The shared lock keeps eviction away while the mapping lives; a failure (a filesystem without locks)
-    // only makes the file evictable, which unlinks it and leaves the mapping valid.
-    flock(&file, libc::LOCK_SH);
-    // SAFETY: the mapping is read-only and private to this process. Artifacts are never modified in place:
-    // writers create a new file and rename it over the old name, and removal only unlinks, so the bytes
-    // mapped here cannot change underneath the mapping while it lives.
+    // SAFETY: the mapping is read-only and private to this process. The store never modifies an artifact
+    // in place: writers create a new, read-only file and rename it over the old name, and removal only
+    // unlinks. Another program truncating the file underneath the mapping makes a later read fault with
+    // SIGBUS, which `sigbus` reports and ends the process on (it cannot read past the file's end
+    // silently); one rewriting it in place is unsupported (module docs).
     let map = unsafe { Mmap::map(&file) }.map_err(|e| CacheError::io(path, e))?;
+    let guard = MappingGuard::register(&map, path);
     if map.len() < 24 {
         return Err(corrupt(format!("{} bytes is too short for an artifact header", map.len())));
     }
@@ -532,5 +654,5 @@ fn map_checked(file: File, path: &Path, expect: Option<(&str, &str)>) -> Result<
             return Err(corrupt("header's configuration differs from the one asked for".into()));
         }
     }
-    Ok(MappedArtifact { map, header, path: path.to_path_buf(), _lock: file })
+    Ok(MappedArtifact { _guard: guard, map, header, path: path.to_path_buf(), _lock: file })
 }

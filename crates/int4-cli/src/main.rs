@@ -5,7 +5,6 @@
 //! verify, clear and evict packed artifacts), `quantize` (write a `cpu_int4` or GPTQ checkpoint once, to
 //! ship) and `eval` (a path's perplexity and agreement against an exact reference, teacher-forced).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,6 +18,11 @@ use int4::select::{CpuSnapshot, snapshot_for_policy};
 use int4::{Engine, HeadBits, LoadOptions, Message, Next, PackProgress, PackedFrom, RunPath, SamplingConfig};
 use int4_quant::export::{ExportFormat, Method, QuantizeOptions, QuantizeReport, quantize_checkpoint};
 use int4_quant::gptq_method::GptqOptions;
+
+mod lines;
+mod out;
+
+use out::{OutError, out, outln};
 
 #[derive(Parser)]
 #[command(name = "int4", version, about = "4-bit-weight LLM inference on x86 CPUs")]
@@ -312,8 +316,11 @@ impl ActScalesArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Probe { json } => probe(json),
-        Command::Cache { action, bytes } => cache(&action, bytes),
+        Command::Probe { json } => report("probe", probe(json)),
+        Command::Cache { action, bytes } => match cache(&action, bytes) {
+            Ok(code) => code,
+            Err(e) => report("cache", Err(e)),
+        },
         Command::Generate(a) => report("generate", generate(a)),
         Command::Chat(a) => report("chat", chat(a)),
         Command::Info(a) => report("info", info(a)),
@@ -322,9 +329,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// The exit status of a command: 0 on success and when standard output was closed (`| head`), else the
+/// error on one line of stderr and 1.
 fn report(command: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if out::is_closed(e.as_ref()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("int4 {command}: {e}");
             ExitCode::FAILURE
@@ -342,16 +352,36 @@ fn priority(p: &str) -> Result<Priority, Box<dyn std::error::Error>> {
 
 /// Probes (and asks Linux for AMX tile state) before any worker thread exists — the kernel refuses the
 /// request if an existing thread's signal stack is too small for the tile state — then sizes the pool.
+/// `--threads` is at least 1; more than the logical CPUs this process may run on is clamped to them, with
+/// a warning (more workers than CPUs only contend).
 fn start_threads(threads: Option<usize>) -> Result<(), Box<dyn std::error::Error>> {
     let _ = int4::select::probe::live();
     if let Some(t) = threads {
+        if t == 0 {
+            return Err("--threads 0: give at least 1 (or leave it out for every core)".into());
+        }
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let t = if t > cpus {
+            eprintln!(
+                "[int4] warning: --threads {t} is more than the {cpus} logical CPUs this process may use; using {cpus}"
+            );
+            cpus
+        } else {
+            t
+        };
         rayon::ThreadPoolBuilder::new().num_threads(t).build_global()?;
     }
     Ok(())
 }
 
-/// Load options with a progress bar on stderr for the first (cold) packing of a model's layers.
-fn load_options(path: RunPath, priority: Priority, context: usize, no_cache: bool) -> LoadOptions {
+/// Load options with a progress bar on stderr for the first (cold) packing of a model's layers; the
+/// environment's variables checked (`LoadOptions::from_env`).
+fn load_options(
+    path: RunPath,
+    priority: Priority,
+    context: usize,
+    no_cache: bool,
+) -> Result<LoadOptions, Box<dyn std::error::Error>> {
     let bar = indicatif::ProgressBar::hidden();
     bar.set_style(
         indicatif::ProgressStyle::with_template("[int4] packing layers {bar:30} {pos}/{len} {elapsed}")
@@ -367,18 +397,18 @@ fn load_options(path: RunPath, priority: Priority, context: usize, no_cache: boo
             bar.finish_and_clear();
         }
     }));
-    let mut opts = LoadOptions { path, priority, context, progress: Some(progress), ..LoadOptions::default() };
+    let mut opts = LoadOptions { path, priority, context, progress: Some(progress), ..LoadOptions::from_env()? };
     if no_cache {
         opts.cache = None;
     }
-    opts
+    Ok(opts)
 }
 
 /// Starts the thread pool, loads the model and prints the load's warnings.
 fn load_engine(dir: &std::path::Path, run: &RunArgs, context: usize) -> Result<Engine, Box<dyn std::error::Error>> {
     let e = &run.engine;
     start_threads(e.threads)?;
-    let mut opts = load_options(run.path, priority(&e.priority)?, context, e.no_cache);
+    let mut opts = load_options(run.path, priority(&e.priority)?, context, e.no_cache)?;
     e.apply(&mut opts)?;
     let engine = Engine::load(dir, &opts)?;
     for w in &engine.warnings {
@@ -411,74 +441,88 @@ impl Streamer {
         Streamer { ids: Vec::new(), shown: String::new() }
     }
 
-    fn push(&mut self, engine: &Engine, id: u32) {
+    fn push(&mut self, engine: &Engine, id: u32) -> Result<(), OutError> {
         self.ids.push(id);
         let text = engine.text.decode_for_display(&self.ids).unwrap_or_default();
         let stable = text.trim_end_matches('\u{FFFD}');
         if let Some(new) = stable.strip_prefix(self.shown.as_str()) {
-            let mut stdout = std::io::stdout();
-            let _ = stdout.write_all(new.as_bytes());
-            let _ = stdout.flush();
+            out::write_str(new)?;
             self.shown = stable.to_string();
         }
+        Ok(())
     }
 }
 
 fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let opts = load_options(a.path, Priority::Speed, 64, a.no_cache);
+    let opts = load_options(a.path, Priority::Speed, 64, a.no_cache)?;
     let info = Engine::describe(&a.model_dir, &opts)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&info)?);
+        outln!("{}", serde_json::to_string_pretty(&info)?)?;
         return Ok(());
     }
-    println!("{}  {}", a.model_dir.display(), info.architecture);
-    println!("  shape        {}", info.shape);
-    println!("  tied head    {}", info.tied_head);
-    println!("  files        {}", info.files.join(", "));
+    outln!("{}  {}", a.model_dir.display(), info.architecture)?;
+    outln!("  shape        {}", info.shape)?;
+    outln!("  tied head    {}", info.tied_head)?;
+    outln!("  files        {}", info.files.join(", "))?;
     let dtypes: Vec<String> = info.dtypes.iter().map(|(d, n)| format!("{n} {d}")).collect();
-    println!("  tensors      {}", dtypes.join(", "));
-    println!("  quantization {} {}", info.quantization["method"].as_str().unwrap_or("?"), info.quantization["fields"]);
-    println!("  layers");
+    outln!("  tensors      {}", dtypes.join(", "))?;
+    outln!("  quantization {} {}", info.quantization["method"].as_str().unwrap_or("?"), info.quantization["fields"])?;
+    outln!("  layers")?;
     for (layer, how) in &info.layers {
-        println!("    {layer:<22} {how}");
+        outln!("    {layer:<22} {how}")?;
     }
     let p = &info.plan;
-    println!(
+    outln!(
         "  plan         {} (decode {}, prefill {}, layout {:?})",
-        p.path, p.decode.kernel, p.prefill.kernel, p.layout
-    );
+        p.path,
+        p.decode.kernel,
+        p.prefill.kernel,
+        p.layout
+    )?;
     match info.cached {
-        Some(true) => println!("  cache        packed weights cached: the next load is warm"),
-        Some(false) => println!("  cache        not cached: the next load packs the weights"),
-        None => println!("  cache        not used"),
+        Some(true) => outln!("  cache        packed weights cached: the next load is warm")?,
+        Some(false) => outln!("  cache        not cached: the next load packs the weights")?,
+        None => outln!("  cache        not used")?,
     }
     for w in &info.warnings {
-        println!("  warning      {w}");
+        outln!("  warning      {w}")?;
     }
     Ok(())
 }
 
 fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let sampling = match a.temperature {
+        Some(t) => SamplingConfig { temperature: t, top_k: 0, top_p: 1.0, seed: a.seed },
+        None => SamplingConfig::greedy(),
+    };
+    sampling.check()?;
     let engine = load_engine(&a.model_dir, &a.run, a.context)?;
     eprintln!(
         "[int4] load {:.2} s ({}); type a message, /reset to start over, an empty line to quit",
         engine.load_time.as_secs_f64(),
         packed_from(&engine)
     );
-    let sampling = match a.temperature {
-        Some(t) => SamplingConfig { temperature: t, top_k: 0, top_p: 1.0, seed: a.seed },
-        None => SamplingConfig::greedy(),
-    };
     let system: Vec<Message> = a.system.iter().map(|s| Message { role: "system".into(), content: s.clone() }).collect();
     let mut messages = system.clone();
     let mut cache = engine.new_cache()?;
     // The ids the cache holds, so a turn feeds only what the re-rendered conversation adds.
     let mut fed: Vec<u32> = Vec::new();
-    let stdin = std::io::stdin();
+    let mut stdin = std::io::stdin().lock();
     loop {
         eprint!("> ");
-        let mut line = String::new();
-        if stdin.read_line(&mut line)? == 0 || line.trim().is_empty() {
+        let line = match lines::read_line(&mut stdin)? {
+            lines::Line::End => return Ok(()),
+            lines::Line::Text(t) => t,
+            lines::Line::NotUtf8 => {
+                eprintln!("[int4] that line is not UTF-8 text: nothing was sent; type it again");
+                continue;
+            }
+            lines::Line::TooLong => {
+                eprintln!("[int4] that line is longer than {} bytes: nothing was sent", lines::LINE_CAP);
+                continue;
+            }
+        };
+        if line.trim().is_empty() {
             return Ok(());
         }
         if line.trim() == "/reset" {
@@ -488,16 +532,44 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         messages.push(Message { role: "user".into(), content: line.trim_end().to_string() });
-        let ids = engine.text.encode(&engine.text.apply_chat_template(&messages)?)?;
+        // The conversation must leave room for the reply: drop the oldest user/assistant turns (the system
+        // message stays) until it does; a turn that cannot fit even alone is refused, and only it.
+        let (ids, dropped) =
+            match fit_conversation(&engine, &mut messages, system.len(), a.max_new_tokens, cache.capacity()) {
+                Ok(fit) => fit,
+                Err(e) => {
+                    messages.pop();
+                    eprintln!("[int4] {e}: nothing was sent");
+                    continue;
+                }
+            };
+        if dropped > 0 {
+            eprintln!(
+                "[int4] the conversation outgrew the context ({} positions): dropped the {dropped} oldest message(s)",
+                cache.capacity()
+            );
+        }
         if !ids.starts_with(&fed) || ids.len() == fed.len() {
-            // The template re-rendered earlier turns differently: run the conversation again.
+            // Turns were dropped, or the template re-rendered earlier turns differently: run the conversation
+            // again, as one prefill.
             cache.clear();
             fed.clear();
         }
         let new = &ids[fed.len()..];
         let mut stream = Streamer::new();
-        let out = engine.generate_in(&mut cache, new, a.max_new_tokens, sampling, |t| stream.push(&engine, t))?;
-        println!();
+        let mut failed = None;
+        let out =
+            engine.generate_in(&mut cache, new, a.max_new_tokens, sampling, |t| match stream.push(&engine, t) {
+                Ok(()) => Next::Continue,
+                Err(e) => {
+                    failed = Some(e);
+                    Next::Stop
+                }
+            })?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        outln!()?;
         fed.extend_from_slice(new);
         // The last sampled token was never run through the model, so it is not in the cache.
         fed.extend_from_slice(&out.tokens[..out.tokens.len().saturating_sub(1)]);
@@ -514,6 +586,34 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+/// The conversation's prompt ids, after dropping the oldest messages after the `keep` first (the system
+/// message) until the prompt and `reply` new tokens fit `capacity`; with how many were dropped. An error
+/// when the last message alone (with the system message) leaves no room for a reply token.
+fn fit_conversation(
+    engine: &Engine,
+    messages: &mut Vec<Message>,
+    keep: usize,
+    reply: usize,
+    capacity: usize,
+) -> Result<(Vec<u32>, usize), Box<dyn std::error::Error>> {
+    let mut dropped = 0;
+    loop {
+        let ids = engine.text.encode(&engine.text.apply_chat_template(messages)?)?;
+        // Older messages can go while more than the new user turn follows the system message.
+        let can_drop = messages.len() > keep + 1;
+        if ids.len() + reply <= capacity || (!can_drop && ids.len() < capacity) {
+            return Ok((ids, dropped));
+        }
+        if !can_drop {
+            return Err(format!("this turn is {} tokens, more than the context ({capacity}) holds", ids.len()).into());
+        }
+        // Drop a user turn and the reply to it together.
+        let n = if messages.len() > keep + 2 && messages[keep + 1].role == "assistant" { 2 } else { 1 };
+        messages.drain(keep..keep + n);
+        dropped += n;
+    }
+}
+
 fn rss_anon_mib() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let kb: f64 = s.lines().find(|l| l.starts_with("RssAnon:"))?.split_whitespace().nth(1)?.parse().ok()?;
@@ -521,6 +621,21 @@ fn rss_anon_mib() -> Option<f64> {
 }
 
 fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Cheap checks first, so a bad flag does not wait for a model load.
+    let sampling = match (a.greedy, a.temperature) {
+        (true, Some(_)) => return Err("--greedy and --temperature contradict each other: give one".into()),
+        (_, None) if a.top_k != 0 || a.top_p != 1.0 => {
+            return Err(
+                "--top-k and --top-p shape sampling, which needs --temperature (decoding is greedy without it)".into(),
+            );
+        }
+        (true, _) | (false, None) => SamplingConfig::greedy(),
+        (false, Some(t)) => SamplingConfig { temperature: t, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+    };
+    sampling.check()?;
+    if a.stop.iter().any(String::is_empty) {
+        return Err("--stop \"\": an empty stop string would stop at the first token; give some text".into());
+    }
     let engine = load_engine(&a.model_dir, &a.run, a.context)?;
     let packed_from = packed_from(&engine);
     let prompt_ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
@@ -535,22 +650,26 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         (None, Some(p)) => engine.text.encode(p)?,
         (None, None) => return Err("give a prompt or --prompt-ids".into()),
     };
-    let sampling = match (a.greedy, a.temperature) {
-        (true, _) | (false, None) => SamplingConfig::greedy(),
-        (false, Some(t)) => SamplingConfig { temperature: t, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
-    };
     let mut stream = Streamer::new();
+    let mut failed = None;
     let out = engine.generate(&prompt_ids, a.max_new_tokens, sampling, |tok| {
         // Stop strings are looked for in the decoded text, whether or not it is being printed.
         let seen = if a.json {
             stream.ids.push(tok);
             engine.text.decode_for_display(&stream.ids).unwrap_or_default()
         } else {
-            stream.push(&engine, tok);
+            if let Err(e) = stream.push(&engine, tok) {
+                // Standard output is gone or failing: stop generating at once.
+                failed = Some(e);
+                return Next::Stop;
+            }
             stream.shown.clone()
         };
         if a.stop.iter().any(|s| seen.contains(s.as_str())) { Next::Stop } else { Next::Continue }
     })?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
     let kernels = engine.model.kernels(prompt_ids.len());
     let prefill_tps = prompt_ids.len() as f64 / out.prefill.as_secs_f64();
     let decode_tps = if out.tokens.len() > 1 { (out.tokens.len() - 1) as f64 / out.decode.as_secs_f64() } else { 0.0 };
@@ -570,9 +689,9 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
             "decode_tok_s": decode_tps,
             "rss_anon_mib": rss_anon_mib(),
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        println!();
+        outln!()?;
         let path = engine.plan.path;
         eprintln!(
             "[int4] load {:.2} s ({}) | prefill {} tok at {:.1} tok/s | decode {} tok at {:.1} tok/s | path {} (decode {}, prefill {}) | stop {:?} | RssAnon {:.0} MiB",
@@ -600,7 +719,7 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     start_threads(a.engine.threads)?;
     let prio = priority(&a.engine.priority)?;
     let load = |dir: &std::path::Path, path: RunPath| -> Result<Engine, Box<dyn std::error::Error>> {
-        let mut opts = load_options(RunPath::Auto, prio, a.ctx, a.engine.no_cache);
+        let mut opts = load_options(RunPath::Auto, prio, a.ctx, a.engine.no_cache)?;
         opts.path = path;
         opts.group_size = group;
         a.engine.apply(&mut opts)?;
@@ -624,7 +743,7 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     });
     bar.finish_and_clear();
     let r = result?;
-    print!("{}", r.markdown());
+    // The JSON first: a failing standard output must not lose the results.
     if let Some(path) = &a.json {
         if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
@@ -632,6 +751,7 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(path, serde_json::to_string_pretty(&r)? + "\n")
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    out!("{}", r.markdown())?;
     Ok(())
 }
 
@@ -673,15 +793,15 @@ fn quantize(a: QuantizeArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let result = quantize_checkpoint(&a.model_dir, &a.out, &opts, Some(&progress));
     bar.finish_and_clear();
-    print_quantize_summary(&result?);
+    print_quantize_summary(&result?)?;
     Ok(())
 }
 
 /// The report in a few lines: one per kind of layer (q_proj, …, lm_head), then totals.
-fn print_quantize_summary(r: &QuantizeReport) {
+fn print_quantize_summary(r: &QuantizeReport) -> Result<(), OutError> {
     let fmt_snr = |s: Option<f64>| s.map_or_else(|| "exact".to_string(), |v| format!("{v:.2}"));
     let format = r.checkpoint_format.as_deref().map_or(r.format.clone(), |c| format!("{} ({c})", r.format));
-    println!(
+    outln!(
         "{} -> {}: {format}, group {}, {}, search {}, method {}",
         r.input.display(),
         r.output.display(),
@@ -689,9 +809,9 @@ fn print_quantize_summary(r: &QuantizeReport) {
         if r.format == "gptq" && r.sym { "symmetric" } else { "asymmetric" },
         if r.search { "on" } else { "off" },
         r.method
-    );
+    )?;
     if let Some(c) = &r.calibration {
-        println!(
+        outln!(
             "  calibration: {} tokens in {} sequences of up to {} from {} file(s), damp {}, {} ({:.1} s)",
             c.tokens,
             c.sequences,
@@ -700,7 +820,7 @@ fn print_quantize_summary(r: &QuantizeReport) {
             c.damp,
             if c.sequential { "sequential" } else { "one pass" },
             c.seconds
-        );
+        )?;
     }
     let gptq = r.calibration.is_some();
     let mut kinds: Vec<(String, Vec<&int4_quant::export::TensorReport>)> = Vec::new();
@@ -712,12 +832,19 @@ fn print_quantize_summary(r: &QuantizeReport) {
         }
     }
     if gptq {
-        println!(
+        outln!(
             "  {:<10} {:>6} {:>14} {:>8} {:>10} {:>10} {:>12} {:>12}",
-            "layer", "count", "shape", "bits/w", "SNR dB", "min dB", "out SNR dB", "RTN out dB"
-        );
+            "layer",
+            "count",
+            "shape",
+            "bits/w",
+            "SNR dB",
+            "min dB",
+            "out SNR dB",
+            "RTN out dB"
+        )?;
     } else {
-        println!("  {:<10} {:>6} {:>14} {:>8} {:>10} {:>10}", "layer", "count", "shape", "bits/w", "SNR dB", "min dB");
+        outln!("  {:<10} {:>6} {:>14} {:>8} {:>10} {:>10}", "layer", "count", "shape", "bits/w", "SNR dB", "min dB")?;
     }
     for (kind, ts) in &kinds {
         let (s, e) = ts.iter().fold((0.0, 0.0), |(s, e), t| (s + t.signal, e + t.noise));
@@ -732,21 +859,21 @@ fn print_quantize_summary(r: &QuantizeReport) {
                 (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
             };
             let (out, base) = (mean(|t| t.output_snr_db), mean(|t| t.rtn_output_snr_db));
-            println!(
+            outln!(
                 "  {kind:<10} {:>6} {shape:>14} {bits:>8.3} {:>10} {:>10} {:>12} {:>12}",
                 ts.len(),
                 fmt_snr(snr),
                 fmt_snr(min),
                 fmt_snr(out),
                 fmt_snr(base)
-            );
+            )?;
         } else {
-            println!("  {kind:<10} {:>6} {shape:>14} {bits:>8.3} {:>10} {:>10}", ts.len(), fmt_snr(snr), fmt_snr(min));
+            outln!("  {kind:<10} {:>6} {shape:>14} {bits:>8.3} {:>10} {:>10}", ts.len(), fmt_snr(snr), fmt_snr(min))?;
         }
     }
     let t = &r.totals;
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    println!(
+    outln!(
         "  total: {} layers, {} weights at {:.3} bits/w, SNR {} dB (worst {} dB, {}); {} tensors copied ({:.1} MiB)",
         t.quantized_tensors,
         t.quantized_weights,
@@ -756,29 +883,23 @@ fn print_quantize_summary(r: &QuantizeReport) {
         t.worst_tensor.as_deref().unwrap_or("-"),
         t.copied_tensors,
         mib(t.copied_bytes)
-    );
-    println!(
+    )?;
+    outln!(
         "  head: {}; {:.1} MiB -> {:.1} MiB in {:.1} s; peak RssAnon {}",
         r.head,
         mib(t.input_bytes),
         mib(t.output_bytes),
         t.seconds,
         t.peak_rss_anon_bytes.map_or_else(|| "unknown".to_string(), |b| format!("{:.0} MiB", mib(b)))
-    );
+    )?;
     if !r.ignored.is_empty() {
-        println!("  left unquantized (--ignore): {}", r.ignored.join(", "));
+        outln!("  left unquantized (--ignore): {}", r.ignored.join(", "))?;
     }
-    println!("  report: {}", r.output.join("quantization_report.json").display());
+    outln!("  report: {}", r.output.join("quantization_report.json").display())
 }
 
-fn probe(json: bool) -> ExitCode {
-    let snap = match snapshot_for_policy() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("int4 probe: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+fn probe(json: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let snap = snapshot_for_policy()?;
     let caps = int4::kernels::isa::IsaCaps::process();
     let overrides = Overrides { caps: *caps, ..Overrides::default() };
     let mut plans = Vec::new();
@@ -797,39 +918,43 @@ fn probe(json: bool) -> ExitCode {
                 "plan": r.as_ref().ok(), "error": r.as_ref().err().map(|e| e.to_string()),
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&doc).expect("snapshot serialises"));
-        return ExitCode::SUCCESS;
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
     }
-    print_snapshot(&snap);
-    println!("kernels this process can run: {}", caps.effective_level().name());
-    println!();
-    println!("plan per checkpoint kind:");
+    print_snapshot(&snap)?;
+    outln!("kernels this process can run: {}", caps.effective_level().name())?;
+    outln!()?;
+    outln!("plan per checkpoint kind:")?;
     for (kind, prio, r) in &plans {
         match r {
             Ok(p) => {
-                println!(
+                outln!(
                     "  {kind:?}/{prio:?}: {}  decode {}  prefill {} (M >= {})  layout {:?}",
-                    p.path, p.decode.kernel, p.prefill.kernel, p.dequant_threshold, p.layout
-                );
+                    p.path,
+                    p.decode.kernel,
+                    p.prefill.kernel,
+                    p.dequant_threshold,
+                    p.layout
+                )?;
                 for rj in &p.rejected {
-                    println!("      not {}: {}", rj.path, rj.why);
+                    outln!("      not {}: {}", rj.path, rj.why)?;
                 }
             }
-            Err(e) => println!("  {kind:?}/{prio:?}: error: {e}"),
+            Err(e) => outln!("  {kind:?}/{prio:?}: error: {e}")?,
         }
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
-fn cache(action: &str, bytes: Option<u64>) -> ExitCode {
-    let Some(store) = int4::cache::ArtifactStore::from_env() else {
-        eprintln!("int4 cache: no cache directory: set INT4_CACHE_DIR, XDG_CACHE_HOME or HOME");
-        return ExitCode::FAILURE;
+/// `int4 cache`: its exit status (1 when `verify` finds damage, 2 for a usage error), or an error.
+fn cache(action: &str, bytes: Option<u64>) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let Some(store) = int4::cache::ArtifactStore::from_env()? else {
+        return Err("no cache directory: set INT4_CACHE_DIR, XDG_CACHE_HOME or HOME".into());
     };
     match Some(action) {
         Some("ls") => {
             let entries = store.list();
-            println!("{} ({} artifacts)", store.dir().display(), entries.len());
+            outln!("{} ({} artifacts)", store.dir().display(), entries.len())?;
             let mut total = 0;
             for e in entries {
                 total += e.size;
@@ -856,61 +981,68 @@ fn cache(action: &str, bytes: Option<u64>) -> ExitCode {
                             )
                         },
                     );
-                println!("  {}  {:>12} bytes{}  {what}", e.key, e.size, if e.pinned { "  pinned" } else { "" });
+                outln!("  {}  {:>12} bytes{}  {what}", e.key, e.size, if e.pinned { "  pinned" } else { "" })?;
             }
-            println!("total {total} bytes");
-            ExitCode::SUCCESS
+            outln!("total {total} bytes")?;
+            Ok(ExitCode::SUCCESS)
         }
         Some("verify") => {
             let mut bad = 0;
             for (key, r) in store.verify() {
                 match r {
-                    Ok(()) => println!("ok       {key}"),
+                    Ok(()) => outln!("ok       {key}")?,
                     Err(e) => {
                         bad += 1;
-                        println!("CORRUPT  {key}: {e}");
+                        outln!("CORRUPT  {key}: {e}")?;
                     }
                 }
             }
-            if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Some("clear") => {
-            println!("removed {} artifacts from {}", store.clear(), store.dir().display());
-            ExitCode::SUCCESS
+            outln!("removed {} artifacts from {}", store.clear(), store.dir().display())?;
+            Ok(ExitCode::SUCCESS)
         }
         Some("evict") => match bytes {
             Some(cap) => {
                 let gone = store.evict_to(cap);
-                println!("evicted {} artifacts to stay under {cap} bytes", gone.len());
-                ExitCode::SUCCESS
+                outln!("evicted {} artifacts to stay under {cap} bytes", gone.len())?;
+                Ok(ExitCode::SUCCESS)
             }
             None => {
                 eprintln!("int4 cache evict: give the size cap in bytes");
-                ExitCode::from(2)
+                Ok(ExitCode::from(2))
             }
         },
         _ => {
             eprintln!("usage: int4 cache ls|verify|clear|evict BYTES");
-            ExitCode::from(2)
+            Ok(ExitCode::from(2))
         }
     }
 }
 
-fn print_snapshot(s: &CpuSnapshot) {
+fn print_snapshot(s: &CpuSnapshot) -> Result<(), OutError> {
     let yn = |b: bool| if b { "yes" } else { "no" };
-    println!(
+    outln!(
         "CPU: {} ({}, family {} model {} stepping {})",
-        s.model_name, s.vendor, s.family_model_stepping.0, s.family_model_stepping.1, s.family_model_stepping.2
-    );
-    println!(
+        s.model_name,
+        s.vendor,
+        s.family_model_stepping.0,
+        s.family_model_stepping.1,
+        s.family_model_stepping.2
+    )?;
+    outln!(
         "source: {}   arch: {}   logical cores: {:?}   physical cores: {:?}",
-        s.source, s.arch, s.logical_cores, s.physical_cores
-    );
-    println!("caches: L1d {:?}  L2 {:?}  L3 {:?} bytes", s.caches.l1d, s.caches.l2, s.caches.l3);
-    println!();
+        s.source,
+        s.arch,
+        s.logical_cores,
+        s.physical_cores
+    )?;
+    outln!("caches: L1d {:?}  L2 {:?}  L3 {:?} bytes", s.caches.l1d, s.caches.l2, s.caches.l3)?;
+    outln!()?;
     let c = &s.cpu;
     let u = s.usable();
-    println!("{:<14} {:>6} {:>8}", "feature", "CPUID", "usable");
+    outln!("{:<14} {:>6} {:>8}", "feature", "CPUID", "usable")?;
     for (name, cpu, usable) in [
         ("sse4.2", c.sse42, c.sse42),
         ("avx2+fma", c.avx2 && c.fma, u.avx2_fma),
@@ -923,22 +1055,27 @@ fn print_snapshot(s: &CpuSnapshot) {
         ("amx-int8", c.amx_int8, u.amx_int8),
         ("amx-bf16", c.amx_bf16, u.amx_bf16),
     ] {
-        println!("{name:<14} {:>6} {:>8}", yn(cpu), yn(usable));
+        outln!("{name:<14} {:>6} {:>8}", yn(cpu), yn(usable))?;
     }
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "OS: osxsave {}  xcr0 {}  avx state {}  avx512 state {}  amx state {}",
         yn(c.osxsave),
         s.os.xcr0.map_or("unreadable".to_string(), |x| format!("{x:#x}")),
         yn(s.os.avx_state),
         yn(s.os.avx512_state),
         yn(s.os.amx_state)
-    );
-    println!("AMX permission: {:?}", s.amx_permission);
+    )?;
+    outln!("AMX permission: {:?}", s.amx_permission)?;
     if let Some(t) = s.tile_limits {
-        println!(
+        outln!(
             "tiles: {} names, {} rows x {} bytes; TMUL max K {} max N {}",
-            t.max_names, t.max_rows, t.bytes_per_row, t.tmul_max_k, t.tmul_max_n
-        );
+            t.max_names,
+            t.max_rows,
+            t.bytes_per_row,
+            t.tmul_max_k,
+            t.tmul_max_n
+        )?;
     }
+    Ok(())
 }

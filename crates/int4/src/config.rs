@@ -69,18 +69,43 @@ pub struct ModelConfig {
     pub quantization_config: Option<Value>,
 }
 
-fn get_usize(v: &Value, key: &str) -> Result<usize> {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .map(|x| x as usize)
-        .ok_or_else(|| Error::config("config.json", format!("\"{key}\" is missing or not a non-negative integer")))
+// Every value is read with its type checked: a present value of the wrong type is an error naming the key,
+// never the default (a `"rope_theta": "500000"` string must not run at 10000). `null` counts as absent, as
+// transformers writes it for unset optional fields.
+
+fn present<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.get(key).filter(|x| !x.is_null())
 }
 
-fn ids(v: Option<&Value>) -> Vec<u32> {
-    match v {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
-        _ => Vec::new(),
+fn wrong(key: &str, value: &Value, want: &str) -> Error {
+    let shown: String = value.to_string().chars().take(60).collect();
+    Error::config("config.json", format!("\"{key}\" is {shown}, not {want}"))
+}
+
+fn opt_u64(v: &Value, key: &str) -> Result<Option<u64>> {
+    present(v, key).map(|x| x.as_u64().ok_or_else(|| wrong(key, x, "a non-negative integer"))).transpose()
+}
+
+fn opt_f64(v: &Value, key: &str) -> Result<Option<f64>> {
+    present(v, key).map(|x| x.as_f64().ok_or_else(|| wrong(key, x, "a number"))).transpose()
+}
+
+fn opt_bool(v: &Value, key: &str) -> Result<Option<bool>> {
+    present(v, key).map(|x| x.as_bool().ok_or_else(|| wrong(key, x, "true or false"))).transpose()
+}
+
+fn get_usize(v: &Value, key: &str) -> Result<usize> {
+    let x = opt_u64(v, key)?.ok_or_else(|| Error::config("config.json", format!("\"{key}\" is missing")))?;
+    usize::try_from(x).map_err(|_| wrong(key, &v[key], "a size this machine can hold"))
+}
+
+/// A token id or a list of them (`eos_token_id` may be either), each a 32-bit id.
+fn ids(v: &Value, key: &str) -> Result<Vec<u32>> {
+    let one = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| wrong(key, x, "a token id"));
+    match present(v, key) {
+        None => Ok(Vec::new()),
+        Some(Value::Array(a)) => a.iter().map(one).collect(),
+        Some(x) => Ok(vec![one(x)?]),
     }
 }
 
@@ -106,34 +131,34 @@ impl ModelConfig {
         };
         let hidden_size = get_usize(&v, "hidden_size")?;
         let num_heads = get_usize(&v, "num_attention_heads")?;
-        let num_kv_heads = v.get("num_key_value_heads").and_then(Value::as_u64).map_or(num_heads, |x| x as usize);
+        let num_kv_heads = opt_u64(&v, "num_key_value_heads")?.map_or(num_heads, |x| x as usize);
         if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
             return Err(Error::config(
                 "config.json",
                 format!("num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"),
             ));
         }
-        let head_dim = match v.get("head_dim").and_then(Value::as_u64) {
+        let head_dim = match opt_u64(&v, "head_dim")? {
             Some(h) => h as usize,
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
             None => return Err(Error::config("config.json", "hidden_size is not a multiple of num_attention_heads")),
         };
         // v5 keeps rope_theta and the scaling inside rope_parameters.
         let rope = v.get("rope_parameters").or_else(|| v.get("rope_scaling")).filter(|r| r.is_object());
-        let rope_theta = v
-            .get("rope_theta")
-            .and_then(Value::as_f64)
-            .or_else(|| rope.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64))
-            .unwrap_or(10000.0);
-        let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(Value::as_str);
+        let rope_theta = match opt_f64(&v, "rope_theta")? {
+            Some(t) => t,
+            None => rope.map(|r| opt_f64(r, "rope_theta")).transpose()?.flatten().unwrap_or(10000.0),
+        };
+        let rope_type = match rope.and_then(|r| present(r, "rope_type").or_else(|| present(r, "type"))) {
+            None => None,
+            Some(t) => Some(t.as_str().ok_or_else(|| wrong("rope_type", t, "a string"))?),
+        };
         let rope_llama3 = match rope_type {
             None | Some("default") => None,
             Some("llama3") => {
                 let r = rope.expect("rope_type came from it");
                 let f = |k: &str| {
-                    r.get(k)
-                        .and_then(Value::as_f64)
-                        .ok_or_else(|| Error::config("config.json", format!("rope scaling lacks \"{k}\"")))
+                    opt_f64(r, k)?.ok_or_else(|| Error::config("config.json", format!("rope scaling lacks \"{k}\"")))
                 };
                 Some(Llama3Rope {
                     factor: f("factor")?,
@@ -154,14 +179,15 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: v.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6) as f32,
+            rms_norm_eps: opt_f64(&v, "rms_norm_eps")?.unwrap_or(1e-6) as f32,
             rope_theta,
             rope_llama3,
-            max_position_embeddings: v.get("max_position_embeddings").and_then(Value::as_u64).unwrap_or(2048) as usize,
+            max_position_embeddings: opt_u64(&v, "max_position_embeddings")?.unwrap_or(2048).min(u64::from(u32::MAX))
+                as usize,
             vocab_size: get_usize(&v, "vocab_size")?,
-            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
-            eos_token_ids: ids(v.get("eos_token_id")),
-            bos_token_id: ids(v.get("bos_token_id")).first().copied(),
+            tie_word_embeddings: opt_bool(&v, "tie_word_embeddings")?.unwrap_or(false),
+            eos_token_ids: ids(&v, "eos_token_id")?,
+            bos_token_id: ids(&v, "bos_token_id")?.first().copied(),
             quantization_config: v.get("quantization_config").cloned(),
         };
         cfg.validate()?;

@@ -27,7 +27,7 @@ use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, Plan, Priorit
 use crate::config::ModelConfig;
 use crate::error::{Error, Result, at};
 use crate::linear::{HeadBits, Numerics};
-use crate::model::{KvCache, Model};
+use crate::model::{KvCache, LinearSpec, Model, linear_specs};
 use crate::model_dir::ModelDir;
 use crate::quantized::QuantFormat;
 use crate::sampling::{Sampler, SamplingConfig};
@@ -83,13 +83,26 @@ impl Default for LoadOptions {
             group_size: GroupSize::G128,
             context: 2048,
             max_kv_bytes: 4 << 30,
-            cache: ArtifactStore::from_env(),
+            // A malformed INT4_CACHE_MAX_BYTES turns the cache off here (nothing written without its cap);
+            // `LoadOptions::from_env` reports it.
+            cache: ArtifactStore::from_env().ok().flatten(),
             progress: None,
             direct_dequant: None,
             activation_scales: ActivationScales::default(),
             head_bits: HeadBits::default(),
             caps: *IsaCaps::process(),
         }
+    }
+}
+
+impl LoadOptions {
+    /// The defaults, with every environment variable they read checked: a malformed `INT4_ISA`,
+    /// `INT4_DISABLE` or `INT4_CACHE_MAX_BYTES` is an error naming it (where [`LoadOptions::default`] falls
+    /// back to the portable kernels and no cache).
+    pub fn from_env() -> Result<Self> {
+        let caps = IsaCaps::from_env().map_err(at("environment"))?;
+        let cache = ArtifactStore::from_env().map_err(at("environment"))?;
+        Ok(LoadOptions { caps, cache, ..LoadOptions::default() })
     }
 }
 
@@ -194,7 +207,8 @@ impl Engine {
         warnings.extend(Model::load_notes(&cfg, &ckpt, numerics, format.as_ref()));
         let (model, packed_from) = match &opts.cache {
             Some(store) if numerics.is_packed() => {
-                let key = artifact_key(&plan, numerics, &quantization, group, &ckpt, store)?;
+                let key = artifact_key(&plan, numerics, &quantization, group, &ckpt, store)?
+                    .with_model(packing_inputs(&cfg, &ckpt));
                 let mut built = false;
                 let (artifact, w) = store.get_or_build(&key, || {
                     built = true;
@@ -275,6 +289,7 @@ impl Engine {
         sampling: SamplingConfig,
         mut on_token: impl FnMut(u32) -> R,
     ) -> Result<Generation> {
+        sampling.check()?;
         if prompt.is_empty() {
             return Err(Error::input("prompt", "is empty: nothing to continue"));
         }
@@ -378,10 +393,12 @@ fn is_default_model(dir: &Path) -> bool {
 /// `config.json` (instruction-tuned models often list their end-of-turn tokens only there).
 fn add_generation_eos(model: &ModelDir, cfg: &mut ModelConfig) -> Result<()> {
     let Some(v) = model.read_json("generation_config.json")? else { return Ok(()) };
+    let bad = || Error::config("generation_config.json", "\"eos_token_id\" is not a token id or a list of them");
+    let id = |x: &serde_json::Value| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad);
     let ids: Vec<u32> = match v.get("eos_token_id") {
-        Some(serde_json::Value::Number(n)) => n.as_u64().into_iter().map(|x| x as u32).collect(),
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(serde_json::Value::as_u64).map(|x| x as u32).collect(),
-        _ => Vec::new(),
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(a)) => a.iter().map(id).collect::<Result<_>>()?,
+        Some(x) => vec![id(x)?],
     };
     for id in ids {
         if !cfg.eos_token_ids.contains(&id) {
@@ -452,6 +469,15 @@ fn artifact_key(
     })
 }
 
+/// What packing reads of the model's configuration, for the artifact key: the architecture and every
+/// linear layer as [`LinearSpec::describe`] gives it. Fields packing does not read (`rope_theta`, the norms'
+/// epsilon, the generation config, the tokenizer) are left out, so changing them keeps the artifact and the
+/// new values are used.
+fn packing_inputs(cfg: &ModelConfig, ckpt: &Checkpoint) -> serde_json::Value {
+    let linears: Vec<serde_json::Value> = linear_specs(cfg, ckpt).iter().map(LinearSpec::describe).collect();
+    serde_json::json!({"architecture": format!("{:?}", cfg.arch), "linears": linears})
+}
+
 /// What `int4 info` says about a model directory, without loading its weights.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ModelInfo {
@@ -495,7 +521,7 @@ impl Engine {
         for (_, d) in ckpt.tensors() {
             *dtypes.entry(d).or_insert(0) += 1;
         }
-        let specs = crate::model::linear_specs(&cfg, &ckpt);
+        let specs = linear_specs(&cfg, &ckpt);
         let kinds = ["qkv", "o_proj", "gate_up", "down_proj", "lm_head"];
         let layers = kinds
             .iter()
@@ -521,7 +547,8 @@ impl Engine {
             .collect();
         let cached = match &opts.cache {
             Some(store) if numerics.is_packed() => {
-                let key = artifact_key(&plan, numerics, &quantization, group, &ckpt, store)?;
+                let key = artifact_key(&plan, numerics, &quantization, group, &ckpt, store)?
+                    .with_model(packing_inputs(&cfg, &ckpt));
                 Some(matches!(store.load(&key), int4_cache::Lookup::Hit(_)))
             }
             _ => None,
@@ -558,6 +585,7 @@ impl Engine {
         sampling: SamplingConfig,
         mut on_token: impl FnMut(usize, u32),
     ) -> Result<Vec<Generation>> {
+        sampling.check()?;
         let n = prompts.len();
         let mut caches = (0..n).map(|_| self.new_cache()).collect::<Result<Vec<_>>>()?;
         let mut samplers: Vec<Sampler> = (0..n)

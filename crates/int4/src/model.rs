@@ -420,6 +420,12 @@ pub struct LinearSpec {
 }
 
 impl LinearSpec {
+    /// Everything of this layer that packing reads, for the artifact key: name, shape, and the tensors
+    /// stacked for its weights and bias with their rows.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({"name": self.name, "n": self.n, "k": self.k, "parts": self.parts, "bias": self.bias})
+    }
+
     /// The weights `[n][k]` as f32, from the checkpoint.
     pub fn weights(&self, ckpt: &Checkpoint) -> Result<Vec<f32>> {
         let mut w = Vec::with_capacity(self.n * self.k);

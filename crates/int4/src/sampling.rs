@@ -1,5 +1,7 @@
 //! Choosing the next token: greedy, or temperature / top-k / top-p with a seed.
 
+use crate::error::{Error, Result};
+
 /// How the next token is chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingConfig {
@@ -17,6 +19,25 @@ impl SamplingConfig {
     /// Greedy decoding.
     pub fn greedy() -> Self {
         SamplingConfig { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+    }
+
+    /// An error naming the value, unless the temperature is 0 or a positive finite number and `top_p`
+    /// lies in `(0, 1]` (a NaN temperature would pick the least likely token; a `top_p` outside the range
+    /// keeps nothing or means nothing).
+    pub fn check(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(Error::input(
+                "temperature",
+                format!("{} is not a temperature: give 0 (greedy) or a positive finite number", self.temperature),
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::input(
+                "top_p",
+                format!("{} is not a probability mass in (0, 1] (1 keeps every token)", self.top_p),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -91,19 +91,148 @@ fn a_damaged_artifact_is_rebuilt_with_a_warning() {
     let PackedFrom::Built(file) = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir)).packed_from else {
         panic!("no artifact written")
     };
-    // Truncated, then a header byte flipped: each is refused, rebuilt, and the result is unchanged.
+    // Truncated, then a header byte flipped, then a payload byte flipped: each is refused, rebuilt, and
+    // the result is unchanged. (Artifacts are read-only files; these play another program that changes
+    // the permissions first.)
     let len = std::fs::metadata(&file).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len - 10).unwrap();
+    std::fs::OpenOptions::new().write(true).open(writable(&file)).unwrap().set_len(len - 10).unwrap();
     let e = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir));
     assert!(matches!(e.packed_from, PackedFrom::Built(_)));
     assert!(e.warnings.iter().any(|w| w.contains("truncated") && w.contains("rebuilding")), "{:?}", e.warnings);
     assert_eq!(logits(&e), want);
     let mut bytes = std::fs::read(&file).unwrap();
     bytes[40] ^= 0x20;
-    std::fs::write(&file, bytes).unwrap();
+    std::fs::write(writable(&file), bytes).unwrap();
     let e = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir));
     assert!(e.warnings.iter().any(|w| w.contains("rebuilding")), "{:?}", e.warnings);
     assert_eq!(logits(&e), want);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 100;
+    bytes[last] ^= 0x10;
+    std::fs::write(writable(&file), bytes).unwrap();
+    let e = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir));
+    assert!(e.warnings.iter().any(|w| w.contains("payload") && w.contains("rebuilding")), "{:?}", e.warnings);
+    assert_eq!(logits(&e), want);
+}
+
+fn writable(path: &Path) -> &Path {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    path
+}
+
+/// The tiny model with a head of its own (`lm_head.weight`, unlike the embedding) and `config.json`
+/// rewritten by `edit`; the weights file is `weights` itself through a symlink when given (as a hub
+/// snapshot links its files into one blob store), else written here.
+fn model_with_head(name: &str, weights: Option<&Path>, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let base = tiny_model("cache-head-base");
+    let dir = store_dir(&format!("model-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(base.join("config.json")).unwrap()).unwrap();
+    config["tie_word_embeddings"] = false.into();
+    edit(&mut config);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(base.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    match weights {
+        Some(w) => std::os::unix::fs::symlink(w, dir.join("model.safetensors")).unwrap(),
+        None => {
+            let bytes = std::fs::read(base.join("model.safetensors")).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let head: Vec<u8> =
+                (0..96 * 64).flat_map(|i| (((i * 7919 % 263) as f32 - 131.0) / 200.0).to_le_bytes()).collect();
+            let mut views: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors().into_iter().collect();
+            views.push((
+                "lm_head.weight".into(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![96, 64], &head).unwrap(),
+            ));
+            safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+        }
+    }
+    dir
+}
+
+fn edit_config(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
+/// Everything of `config.json` that packing reads is in the key: two directories sharing one weights file
+/// but differing in `tie_word_embeddings` never get each other's head, nor does one edited in place; a
+/// changed layer count is a new artifact too. Each load computes what an uncached load of the same
+/// directory does.
+#[test]
+fn the_key_covers_what_packing_reads_of_config_json() {
+    let dir = store_dir("config-key");
+    let untied = model_with_head("untied", None, |_| {});
+    let tied =
+        model_with_head("tied", Some(&untied.join("model.safetensors")), |c| c["tie_word_embeddings"] = true.into());
+    let check = |model: &Path, what: &str| {
+        let e = load(model, RunPath::W4a16, GroupSize::G32, Some(&dir));
+        assert!(matches!(e.packed_from, PackedFrom::Built(_)), "{what}: reused an artifact: {:?}", e.packed_from);
+        assert_eq!(logits(&e), logits(&load(model, RunPath::W4a16, GroupSize::G32, None)), "{what}");
+        logits(&e)
+    };
+    let a = check(&untied, "untied head");
+    let b = check(&tied, "the same weights file, tied head");
+    assert_ne!(a, b, "the tied and untied heads compute the same logits: the test shows nothing");
+    // Edited in place.
+    edit_config(&untied, |c| c["num_hidden_layers"] = 1.into());
+    check(&untied, "one layer instead of two");
+    edit_config(&tied, |c| c["tie_word_embeddings"] = false.into());
+    let e = load(&tied, RunPath::W4a16, GroupSize::G32, Some(&dir));
+    // Now the same configuration and weights as `untied` had first: its artifact is the right one.
+    assert!(matches!(e.packed_from, PackedFrom::Cache(_)), "{:?}", e.packed_from);
+    assert_eq!(logits(&e), a);
+}
+
+/// What packing does not read leaves the key alone, and the new values are used: `rope_theta`, the
+/// generation config's end-of-sequence ids and the tokenizer.
+#[test]
+fn what_packing_does_not_read_keeps_the_artifact_and_the_new_values_are_used() {
+    let dir = store_dir("config-same-key");
+    let model = model_with_head("same-key", None, |_| {});
+    let first = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir));
+    assert!(matches!(first.packed_from, PackedFrom::Built(_)));
+    edit_config(&model, |c| c["rope_theta"] = 500000.0.into());
+    std::fs::write(model.join("generation_config.json"), r#"{"eos_token_id": [2, 77]}"#).unwrap();
+    let tokenizer = std::fs::read_to_string(model.join("tokenizer.json")).unwrap().replace("\"w5\"", "\"five\"");
+    std::fs::write(model.join("tokenizer.json"), tokenizer).unwrap();
+    let warm = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir));
+    assert!(matches!(warm.packed_from, PackedFrom::Cache(_)), "{:?}", warm.packed_from);
+    assert_ne!(logits(&warm), logits(&first), "the new rope_theta is not used");
+    assert_eq!(logits(&warm), logits(&load(&model, RunPath::W4a16, GroupSize::G32, None)));
+    assert!(warm.model.config().eos_token_ids.contains(&77));
+    assert_eq!(warm.text.encode("five").unwrap(), [5]);
+}
+
+/// A checkpoint rewritten in place at the same size, its modification time put back (`cp -p`, `rsync
+/// -a`, `touch -r`): the change time moved, so it is hashed again and the new weights run.
+#[test]
+fn a_checkpoint_rewritten_with_its_old_mtime_is_not_served_the_old_artifact() {
+    let dir = store_dir("same-mtime");
+    let model = tiny_model("cache-same-mtime");
+    let weights = model.join("model.safetensors");
+    let old = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir));
+    let (size, mtime) = {
+        let m = std::fs::metadata(&weights).unwrap();
+        (m.len(), m.modified().unwrap())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    tiny_model_with("cache-same-mtime", |name, mut w| {
+        if name.ends_with("layers.0.self_attn.q_proj.weight") {
+            w[3] -= 2.0;
+        }
+        w
+    });
+    std::fs::File::open(&weights).unwrap().set_modified(mtime).unwrap();
+    assert_eq!(std::fs::metadata(&weights).unwrap().len(), size);
+    let after = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir));
+    assert!(matches!(after.packed_from, PackedFrom::Built(_)), "{:?}", after.packed_from);
+    assert_ne!(logits(&after), logits(&old));
+    assert_eq!(logits(&after), logits(&load(&model, RunPath::W4a16, GroupSize::G32, None)));
 }
 
 #[test]
