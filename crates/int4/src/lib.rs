@@ -30,7 +30,8 @@
 //! * `model` — [`Model`]: the forward pass and [`KvCache`], and [`ForwardObserver`] for tools that need each
 //!   linear's inputs (GPTQ calibration);
 //! * `sampling` — greedy and seeded sampling ([`SamplingConfig`]); `text` — tokenizer and chat template
-//!   ([`TextCodec`]); `engine` — load a directory and generate ([`Engine`]).
+//!   ([`TextCodec`]), the template run under a time and memory budget by `sandbox`; `engine` — load a
+//!   directory and generate ([`Engine`]).
 //!
 //! # Other crates
 //!
@@ -50,6 +51,7 @@ mod model;
 mod model_dir;
 mod quantized;
 mod sampling;
+mod sandbox;
 mod text;
 mod weights;
 
@@ -63,7 +65,7 @@ pub use model::{
 pub use model_dir::{CONFIG_CAP, ModelDir, ModelSource, TEMPLATE_CAP, TOKENIZER_CAP};
 pub use quantized::{IntegerZeros, QuantFormat, QuantLinear, read_linear};
 pub use sampling::{Sampler, SamplingConfig, argmax, top2_gap};
-pub use text::{Message, TextCodec};
+pub use text::{MAX_NORMALIZER_GROWTH, Message, TEMPLATE_OUTPUT_CAP, TextCodec};
 pub use weights::{Checkpoint, StoredTensor};
 
 pub use int4_select::{Plan, Priority, RunPath};

@@ -2,6 +2,11 @@
 //!
 //! `tokenizer.json` through the `tokenizers` crate; the chat template from `chat_template.jinja` if the
 //! directory has one, else the `chat_template` key of `tokenizer_config.json`, rendered with minijinja.
+//!
+//! A tokenizer is data from the model's author, so it is bounded before use: a normalizer chain that could
+//! make text more than [`MAX_NORMALIZER_GROWTH`] times longer (a `Replace` whose content is longer than its
+//! pattern, repeated in a `Sequence`) is refused at load, and an id the tokenizer has no token for is an
+//! error when decoded, never silently dropped.
 
 use std::path::Path;
 
@@ -9,6 +14,9 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::model_dir::{ModelDir, TEMPLATE_CAP, TOKENIZER_CAP};
+
+/// The most a tokenizer's normalizers may multiply the length of a text by.
+pub const MAX_NORMALIZER_GROWTH: f64 = 16.0;
 
 /// One chat message.
 #[derive(Clone, Debug, Serialize)]
@@ -41,6 +49,29 @@ fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
+/// How many times longer a text can get through the normalizer `n` (a bound: `Replace` counts its content
+/// over its pattern's length, or the content's length plus one for a regex, which may match one character
+/// or none; a `Sequence` multiplies its members'; BERT's normaliser may space out every character; the
+/// Unicode normal forms and the rest are counted as 1).
+fn normalizer_growth(n: &serde_json::Value) -> f64 {
+    let chars = |v: Option<&serde_json::Value>| v.and_then(|s| s.as_str()).map_or(0, |s| s.chars().count()) as f64;
+    match n.get("type").and_then(|t| t.as_str()) {
+        Some("Sequence") => {
+            n.get("normalizers").and_then(|v| v.as_array()).map_or(1.0, |a| a.iter().map(normalizer_growth).product())
+        }
+        Some("Replace") => {
+            let content = chars(n.get("content"));
+            let pattern = n.get("pattern");
+            match pattern.and_then(|p| p.get("String")) {
+                Some(p) => (content / chars(Some(p)).max(1.0)).max(1.0),
+                None => content + 1.0,
+            }
+        }
+        Some("BertNormalizer") => 3.0,
+        _ => 1.0,
+    }
+}
+
 impl TextCodec {
     /// Loads `tokenizer.json` and the chat template from the model directory `dir`.
     pub fn load(dir: &Path) -> Result<Self> {
@@ -55,6 +86,18 @@ impl TextCodec {
             .read("tokenizer.json", TOKENIZER_CAP)?
             .ok_or_else(|| Error::config(&tj, "is missing: the model has no tokenizer"))?;
         let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::tokenizer(&tj, e))?;
+        // The JSON parsed again as a plain value, only to bound what its normalizers can do.
+        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(crate::error::at(&tj))?;
+        let growth = json.get("normalizer").map_or(1.0, normalizer_growth);
+        if growth > MAX_NORMALIZER_GROWTH {
+            return Err(Error::config(
+                &tj,
+                format!(
+                    "its normalizers can make a text {growth:.0} times longer (at most {MAX_NORMALIZER_GROWTH} is \
+                     accepted): a prompt would run memory away"
+                ),
+            ));
+        }
         drop(bytes);
         let cfg = model.read_json("tokenizer_config.json")?;
         let chat_template = match model.read_text("chat_template.jinja", TEMPLATE_CAP)? {
@@ -77,26 +120,107 @@ impl TextCodec {
 
     /// Text of `ids` (special tokens kept).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.check_ids(ids)?;
         self.tokenizer.decode(ids, false).map_err(|e| Error::tokenizer("tokenizer", e))
     }
 
     /// Text of `ids` for people to read: special tokens (`<|im_end|>`, ...) left out.
     pub fn decode_for_display(&self, ids: &[u32]) -> Result<String> {
+        self.check_ids(ids)?;
         self.tokenizer.decode(ids, true).map_err(|e| Error::tokenizer("tokenizer", e))
     }
 
-    /// Renders the chat template over `messages`, ending with the assistant's turn opened.
+    /// An error for the first id the tokenizer has no token for (it would decode as nothing).
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        match ids.iter().find(|&&id| self.tokenizer.id_to_token(id).is_none()) {
+            Some(id) => Err(Error::input(
+                "tokenizer",
+                format!(
+                    "id {id} has no token in tokenizer.json ({} tokens): the model's vocabulary is larger than its \
+                     tokenizer's",
+                    self.tokenizer.get_vocab_size(true)
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Renders the chat template over `messages`, ending with the assistant's turn opened. The template
+    /// runs under [`TEMPLATE_BUDGET`] (on Linux, in a child process: `crate::sandbox`), and its output is
+    /// at most [`TEMPLATE_OUTPUT_CAP`] bytes.
     pub fn apply_chat_template(&self, messages: &[Message]) -> Result<String> {
         let tpl = self.chat_template.as_ref().ok_or_else(|| Error::config("chat template", "the model has none"))?;
+        #[cfg(target_os = "linux")]
+        {
+            use crate::sandbox::{Exceeded, run_bounded};
+            let bounded = run_bounded(TEMPLATE_BUDGET, || self.render(tpl, messages).ok().map(String::into_bytes))
+                .map_err(crate::error::at("chat template"))?;
+            let over =
+                |what: String| Error::template(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, what));
+            match bounded {
+                Ok(Ok(bytes)) => String::from_utf8(bytes).map_err(|_| over("rendered text that is not UTF-8".into())),
+                // The render failed within its budget: run it here for the error itself.
+                Ok(Err(())) => self.render(tpl, messages),
+                Err(Exceeded::Memory) => Err(over(format!(
+                    "the chat template needs more than {} MiB to render; it is refused",
+                    TEMPLATE_BUDGET.memory >> 20
+                ))),
+                Err(Exceeded::Time) => Err(over(format!(
+                    "the chat template did not finish rendering in {} s; it is refused",
+                    TEMPLATE_BUDGET.time.as_secs_f32()
+                ))),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        self.render(tpl, messages)
+    }
+
+    /// The template rendered in this process, its output capped at [`TEMPLATE_OUTPUT_CAP`].
+    fn render(&self, tpl: &str, messages: &[Message]) -> Result<String> {
         let mut env = minijinja::Environment::new();
         env.add_template("chat", tpl).map_err(Error::template)?;
         let t = env.get_template("chat").map_err(Error::template)?;
-        t.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => true,
-            bos_token => self.bos.clone().unwrap_or_default(),
-            eos_token => self.eos.clone().unwrap_or_default(),
+        let mut out = CappedWriter { bytes: Vec::new(), cap: TEMPLATE_OUTPUT_CAP };
+        t.render_captured_to(
+            minijinja::context! {
+                messages => messages,
+                add_generation_prompt => true,
+                bos_token => self.bos.clone().unwrap_or_default(),
+                eos_token => self.eos.clone().unwrap_or_default(),
+            },
+            &mut out,
+        )
+        .map_err(Error::template)?;
+        String::from_utf8(out.bytes).map_err(|_| {
+            Error::template(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "rendered text is not UTF-8"))
         })
-        .map_err(Error::template)
+    }
+}
+
+/// What a chat template may use: memory beyond the process's own, and time.
+#[cfg(target_os = "linux")]
+const TEMPLATE_BUDGET: crate::sandbox::Budget =
+    crate::sandbox::Budget { memory: 256 << 20, time: std::time::Duration::from_secs(5) };
+
+/// The longest text a chat template may render.
+pub const TEMPLATE_OUTPUT_CAP: usize = 16 << 20;
+
+/// Collects a template's output, failing once it passes `cap` bytes.
+struct CappedWriter {
+    bytes: Vec<u8>,
+    cap: usize,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.cap {
+            return Err(std::io::Error::other(format!("the rendered text is longer than {} bytes", self.cap)));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
