@@ -441,9 +441,10 @@ impl Streamer {
         Streamer { ids: Vec::new(), shown: String::new() }
     }
 
-    fn push(&mut self, engine: &Engine, id: u32) -> Result<(), OutError> {
+    /// Shows what `id` adds; an error when standard output fails or the tokenizer cannot decode the id.
+    fn push(&mut self, engine: &Engine, id: u32) -> Result<(), Box<dyn std::error::Error>> {
         self.ids.push(id);
-        let text = engine.text.decode_for_display(&self.ids).unwrap_or_default();
+        let text = engine.text.decode_for_display(&self.ids)?;
         let stable = text.trim_end_matches('\u{FFFD}');
         if let Some(new) = stable.strip_prefix(self.shown.as_str()) {
             out::write_str(new)?;
@@ -557,7 +558,7 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         let new = &ids[fed.len()..];
         let mut stream = Streamer::new();
-        let mut failed = None;
+        let mut failed: Option<Box<dyn std::error::Error>> = None;
         let out =
             engine.generate_in(&mut cache, new, a.max_new_tokens, sampling, |t| match stream.push(&engine, t) {
                 Ok(()) => Next::Continue,
@@ -567,7 +568,7 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
                 }
             })?;
         if let Some(e) = failed {
-            return Err(e.into());
+            return Err(e);
         }
         outln!()?;
         fed.extend_from_slice(new);
@@ -651,24 +652,27 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
         (None, None) => return Err("give a prompt or --prompt-ids".into()),
     };
     let mut stream = Streamer::new();
-    let mut failed = None;
+    let mut failed: Option<Box<dyn std::error::Error>> = None;
     let out = engine.generate(&prompt_ids, a.max_new_tokens, sampling, |tok| {
         // Stop strings are looked for in the decoded text, whether or not it is being printed.
         let seen = if a.json {
             stream.ids.push(tok);
-            engine.text.decode_for_display(&stream.ids).unwrap_or_default()
+            engine.text.decode_for_display(&stream.ids).map_err(Into::into)
         } else {
-            if let Err(e) = stream.push(&engine, tok) {
-                // Standard output is gone or failing: stop generating at once.
-                failed = Some(e);
-                return Next::Stop;
-            }
-            stream.shown.clone()
+            stream.push(&engine, tok).map(|()| stream.shown.clone())
         };
-        if a.stop.iter().any(|s| seen.contains(s.as_str())) { Next::Stop } else { Next::Continue }
+        match seen {
+            Ok(seen) if a.stop.iter().any(|s| seen.contains(s.as_str())) => Next::Stop,
+            Ok(_) => Next::Continue,
+            Err(e) => {
+                // Standard output is gone or failing, or the id has no text: stop generating at once.
+                failed = Some(e);
+                Next::Stop
+            }
+        }
     })?;
     if let Some(e) = failed {
-        return Err(e.into());
+        return Err(e);
     }
     let kernels = engine.model.kernels(prompt_ids.len());
     let prefill_tps = prompt_ids.len() as f64 / out.prefill.as_secs_f64();

@@ -188,7 +188,7 @@ impl ModelConfig {
             tie_word_embeddings: opt_bool(&v, "tie_word_embeddings")?.unwrap_or(false),
             eos_token_ids: ids(&v, "eos_token_id")?,
             bos_token_id: ids(&v, "bos_token_id")?.first().copied(),
-            quantization_config: v.get("quantization_config").cloned(),
+            quantization_config: present(&v, "quantization_config").cloned(),
         };
         cfg.validate()?;
         Ok(cfg)

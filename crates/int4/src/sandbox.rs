@@ -116,6 +116,8 @@ pub(crate) fn run_bounded(
     match (status, out.pop()) {
         (Some(0), Some(1)) => Ok(Ok(Ok(out))),
         (Some(0), Some(0)) => Ok(Ok(Err(()))),
+        // The child could not set its limit: nothing ran.
+        (Some(3), _) => Err(std::io::Error::other("the render's child process could not limit its memory")),
         // Killed by its failed allocation (an abort), or any other death: the memory budget.
         _ => Ok(Err(Exceeded::Memory)),
     }
@@ -134,8 +136,12 @@ fn child(write_fd: libc::c_int, memory: u64, work: impl FnOnce() -> Option<Vec<u
         if devnull >= 0 {
             libc::dup2(devnull, 2);
         }
+        // The soft limit: what the child has plus the budget, never above the hard limit it inherited.
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let hard = if libc::getrlimit(libc::RLIMIT_AS, &mut limit) == 0 { limit.rlim_max } else { libc::RLIM_INFINITY };
         let now = address_space_bytes().unwrap_or(0);
-        let limit = libc::rlimit { rlim_cur: now.saturating_add(memory), rlim_max: libc::RLIM_INFINITY };
+        let soft = now.saturating_add(memory).min(hard);
+        let limit = libc::rlimit { rlim_cur: soft, rlim_max: hard };
         if now == 0 || libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
             libc::_exit(3);
         }

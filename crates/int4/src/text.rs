@@ -180,8 +180,8 @@ impl TextCodec {
         let mut env = minijinja::Environment::new();
         env.add_template("chat", tpl).map_err(Error::template)?;
         let t = env.get_template("chat").map_err(Error::template)?;
-        let mut out = CappedWriter { bytes: Vec::new(), cap: TEMPLATE_OUTPUT_CAP };
-        t.render_captured_to(
+        let mut out = CappedWriter { bytes: Vec::new(), cap: TEMPLATE_OUTPUT_CAP, overflowed: false };
+        let rendered = t.render_captured_to(
             minijinja::context! {
                 messages => messages,
                 add_generation_prompt => true,
@@ -189,8 +189,14 @@ impl TextCodec {
                 eos_token => self.eos.clone().unwrap_or_default(),
             },
             &mut out,
-        )
-        .map_err(Error::template)?;
+        );
+        if out.overflowed {
+            return Err(Error::template(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                format!("the rendered text is longer than {TEMPLATE_OUTPUT_CAP} bytes"),
+            )));
+        }
+        rendered.map_err(Error::template)?;
         String::from_utf8(out.bytes).map_err(|_| {
             Error::template(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "rendered text is not UTF-8"))
         })
@@ -200,7 +206,7 @@ impl TextCodec {
 /// What a chat template may use: memory beyond the process's own, and time.
 #[cfg(target_os = "linux")]
 const TEMPLATE_BUDGET: crate::sandbox::Budget =
-    crate::sandbox::Budget { memory: 256 << 20, time: std::time::Duration::from_secs(5) };
+    crate::sandbox::Budget { memory: 256 << 20, time: std::time::Duration::from_secs(2) };
 
 /// The longest text a chat template may render.
 pub const TEMPLATE_OUTPUT_CAP: usize = 16 << 20;
@@ -209,11 +215,13 @@ pub const TEMPLATE_OUTPUT_CAP: usize = 16 << 20;
 struct CappedWriter {
     bytes: Vec<u8>,
     cap: usize,
+    overflowed: bool,
 }
 
 impl std::io::Write for CappedWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if self.bytes.len() + buf.len() > self.cap {
+            self.overflowed = true;
             return Err(std::io::Error::other(format!("the rendered text is longer than {} bytes", self.cap)));
         }
         self.bytes.extend_from_slice(buf);
