@@ -20,10 +20,11 @@
 //! applied one source column at a time in column order, so every weight sees the same floating-point
 //! operations in the same order as the plain column-by-column algorithm (the tests hold it to that).
 //!
-//! **Grids and stored scales.** Group parameters are chosen by the same grid functions as RTN
-//! ([`int4_layout::grid`], with the same scale search and the same rounding of stored scales and zeros,
-//! [`ParamPrecision`]) from the current, error-updated weights of the group when its first column comes
-//! up; each later column's code is chosen against those parameters with the grid's own rounding. So with
+//! **Grids and stored scales.** Group parameters are chosen by the same grid as RTN
+//! ([`int4_layout::grid::GroupGrid`], with the same scale search and the same rounding of stored scales and
+//! zeros, [`int4_layout::grid::ParamPrecision`]) from the current, error-updated weights of the group when
+//! its first column comes up; each later column's code is chosen against those parameters with the grid's
+//! own rounding. So with
 //! `H = I` (no correlations) GPTQ gives RTN's codes exactly. Groups of 32, 64 and 128 lie inside one block;
 //! 256 and per-row groups start at a block boundary, where every earlier update has been applied.
 //!

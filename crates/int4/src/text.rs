@@ -145,9 +145,9 @@ impl TextCodec {
         }
     }
 
-    /// Renders the chat template over `messages`, ending with the assistant's turn opened. The template
-    /// runs under [`TEMPLATE_BUDGET`] (on Linux, in a child process: `crate::sandbox`), and its output is
-    /// at most [`TEMPLATE_OUTPUT_CAP`] bytes.
+    /// Renders the chat template over `messages`, ending with the assistant's turn opened. On Linux the
+    /// template runs in a child process with 256 MiB of address space beyond the caller's and 2 s (an
+    /// error names the budget it ran out of), and its output is at most [`TEMPLATE_OUTPUT_CAP`] bytes.
     pub fn apply_chat_template(&self, messages: &[Message]) -> Result<String> {
         let tpl = self.chat_template.as_ref().ok_or_else(|| Error::config("chat template", "the model has none"))?;
         #[cfg(target_os = "linux")]
