@@ -987,6 +987,15 @@ fn cache(action: &str, bytes: Option<u64>) -> Result<ExitCode, Box<dyn std::erro
                     );
                 outln!("  {}  {:>12} bytes{}  {what}", e.key, e.size, if e.pinned { "  pinned" } else { "" })?;
             }
+            // Artifacts being written, and what killed writers left (removed by the next clear, eviction or
+            // cold load).
+            for (path, size, alive) in store.temporaries() {
+                total += size;
+                let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+                let state =
+                    if alive { "being written" } else { "left by a writer that died; removed by the next clear" };
+                outln!("  {name}  {size:>12} bytes  {state}")?;
+            }
             outln!("total {total} bytes")?;
             Ok(ExitCode::SUCCESS)
         }

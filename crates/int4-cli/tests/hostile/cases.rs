@@ -1196,6 +1196,20 @@ fn artifact_cache(root: &Path, tiny: &Path, cache: &Path, cases: &mut Vec<Case>)
             assert!(!t2.join(format!(".{}.77.0.tmp", "ab".repeat(32))).exists(), "a dead writer's temporary was kept");
         })),
     });
+    // A killed writer's temporary is listed (and counted) by `cache ls`.
+    let tmp_ls = root.join("cache-temporary-ls");
+    let t3 = tmp_ls.clone();
+    cases.push(Case {
+        name: "cache-ls-lists-a-dead-writers-temporary".into(),
+        prepare: Some(Arc::new(move || {
+            let _ = std::fs::remove_dir_all(&t3);
+            std::fs::create_dir_all(&t3).unwrap();
+            std::fs::write(t3.join(format!(".{}.77.0.tmp", "cd".repeat(32))), vec![0u8; 4096]).unwrap();
+        })),
+        inv: Invocation::new(&["cache", "ls"]).env("INT4_CACHE_DIR", &s(&tmp_ls)),
+        expect: Expect::Exit(0, "left by a writer that died"),
+        cleanup: None,
+    });
     // Truncated while a chat has it mapped: reported (exit 74, the artifact named), never a bare SIGBUS
     // or a reply computed from the missing bytes.
     let tc2 = tc.clone();
