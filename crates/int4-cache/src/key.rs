@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::CacheError;
+use crate::error::{CacheError, CacheErrorKind};
 use crate::quant_config::NormalizedConfig;
 
 /// Version of the key encoding itself. 2: load options ([`ArtifactKey::options`]). 3: what packing
@@ -90,42 +90,79 @@ struct SourceIndex {
 
 const SOURCE_INDEX_FORMAT: u32 = 2;
 
+/// One source file as the caller holds it open: its path (the index's key and the name in the identity),
+/// the metadata of the descriptor it holds (`fstat`, not a fresh `stat` of the path), and its bytes (the
+/// mapping it reads). Hashing what is held, not the path again, means the identity is that of the bytes
+/// the caller uses, even if the path is renamed over meanwhile.
+#[derive(Clone, Copy, Debug)]
+pub struct SourceContent<'a> {
+    /// The file's path.
+    pub path: &'a Path,
+    /// The metadata of the open file.
+    pub metadata: &'a std::fs::Metadata,
+    /// Its contents.
+    pub bytes: &'a [u8],
+}
+
+/// How much older than the recording a file's times must be for its recorded hash to be trusted: a
+/// filesystem whose timestamps are coarser than the clock (1–2 s on FAT and some network filesystems) can
+/// give a write made after the recording a time before it.
+pub const RACY_MARGIN_NS: i128 = 2_000_000_000;
+
 impl SourceIdentity {
-    /// Hashes `paths`. With `index` (the source index file), a file whose recorded device, inode, size,
-    /// modification and change times all match, and whose times are older than the moment its recorded
-    /// hash was started (git's "racy" rule: a change in the same clock tick as the hashing is not ruled
-    /// out otherwise), reuses that hash instead of being read again; the index is updated.
-    pub fn of_files(paths: &[PathBuf], index: Option<&Path>) -> Result<Self, CacheError> {
+    /// The identity of `files`. With `index` (the source index file), a file whose recorded device, inode,
+    /// size, modification and change times all match, and whose times are older than the moment its
+    /// recorded hash was started by [`RACY_MARGIN_NS`] (git's "racy" rule, with room for coarse
+    /// timestamps), reuses that hash; any other is hashed from its bytes; the index is updated.
+    pub fn of_contents(files: &[SourceContent<'_>], index: Option<&Path>) -> Result<Self, CacheError> {
         let mut known = index.map_or_else(SourceIndex::default, read_index);
-        let mut files = Vec::new();
-        for p in paths {
-            let meta = std::fs::metadata(p).map_err(|e| CacheError::io(p, e))?;
-            let stamp = Stamp::of(&meta);
-            let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).to_string_lossy().to_string();
-            let trusted = known
-                .files
-                .get(&abs)
-                .filter(|r| r.stamp == stamp && stamp.mtime_ns < r.recorded_ns && stamp.ctime_ns < r.recorded_ns);
+        let mut out = Vec::new();
+        for f in files {
+            let stamp = Stamp::of(f.metadata);
+            let abs = std::fs::canonicalize(f.path).unwrap_or_else(|_| f.path.to_path_buf());
+            let abs = abs.to_string_lossy().to_string();
+            let trusted = known.files.get(&abs).filter(|r| {
+                let settled = r.recorded_ns - RACY_MARGIN_NS;
+                r.stamp == stamp && stamp.mtime_ns < settled && stamp.ctime_ns < settled
+            });
             let hash = match trusted {
                 Some(r) => r.blake3.clone(),
                 None => {
                     let recorded_ns = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_nanos() as i128);
-                    let h = hash_file(p)?;
+                    let h = blake3::Hasher::new().update_rayon(f.bytes).finalize().to_hex().to_string();
                     known.files.insert(abs, Record { stamp, recorded_ns, blake3: h.clone() });
                     h
                 }
             };
-            let name = p.file_name().map_or_else(String::new, |n| n.to_string_lossy().to_string());
-            files.push(SourceFile { name, size: meta.len(), blake3: hash });
+            let name = f.path.file_name().map_or_else(String::new, |n| n.to_string_lossy().to_string());
+            out.push(SourceFile { name, size: f.metadata.len(), blake3: hash });
         }
-        files.sort_by(|a, b| a.name.cmp(&b.name));
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         if let Some(index) = index {
             known.format = SOURCE_INDEX_FORMAT;
             write_index(index, &known);
         }
-        Ok(SourceIdentity { files })
+        Ok(SourceIdentity { files: out })
+    }
+
+    /// [`SourceIdentity::of_contents`] of the files at `paths`, each opened here (a regular file only) and
+    /// mapped.
+    pub fn of_files(paths: &[PathBuf], index: Option<&Path>) -> Result<Self, CacheError> {
+        let mut held = Vec::new();
+        for p in paths {
+            let file = int4_files::open_regular(p).map_err(|e| CacheError::new(CacheErrorKind::File(e)))?;
+            let metadata = file.metadata().map_err(|e| CacheError::io(p, e))?;
+            // SAFETY: a read-only private mapping of a file held open here. A source changed while it is
+            // hashed gives the hash of no version of it, and its change time moved, so the next load hashes
+            // it again.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| CacheError::io(p, e))?;
+            held.push((p.clone(), metadata, map));
+        }
+        let contents: Vec<SourceContent<'_>> =
+            held.iter().map(|(path, metadata, map)| SourceContent { path, metadata, bytes: map }).collect();
+        Self::of_contents(&contents, index)
     }
 }
 
@@ -139,21 +176,25 @@ fn read_index(path: &Path) -> SourceIndex {
         .unwrap_or_default()
 }
 
-/// Writes the index whole, through a temporary renamed over it (a reader never sees half an index).
-/// Best effort: an index that cannot be written only costs a rehash next time.
+/// Writes the index whole, through a temporary of this call's own (created new, never through a link)
+/// renamed over it, so a reader never sees half an index. Best effort: an index that cannot be written
+/// only costs a rehash next time.
 fn write_index(path: &Path, index: &SourceIndex) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let Ok(text) = serde_json::to_string(index) else { return };
-    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-    if std::fs::write(&tmp, text).is_err() || std::fs::rename(&tmp, path).is_err() {
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("json.{}.{n}.tmp", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()));
+    if written.is_err() || std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-}
-
-/// blake3 of a file's contents, hex (memory-mapped and hashed on every core).
-pub fn hash_file(path: &Path) -> Result<String, CacheError> {
-    let mut h = blake3::Hasher::new();
-    h.update_mmap_rayon(path).map_err(|e| CacheError::io(path, e))?;
-    Ok(h.finalize().to_hex().to_string())
 }
 
 /// The decisions of a plan that shape an artifact: everything in [`int4_select::Plan`] except the list of

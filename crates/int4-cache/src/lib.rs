@@ -9,8 +9,8 @@
 //! program instead of dying of a bare signal. [`dirs`] resolves where the cache and the default model
 //! live, for every part of the workspace.
 //!
-//! The unsafe code is the memory map and `flock` in `store.rs`, and the `SIGBUS` handler in `sigbus.rs`,
-//! each argued.
+//! The unsafe code is the memory maps and `flock` in `store.rs` (artifacts) and `key.rs` (a source file
+//! hashed by path), and the `SIGBUS` handler in `sigbus.rs`, each argued.
 #![deny(missing_docs)]
 
 pub mod dirs;

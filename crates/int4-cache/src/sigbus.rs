@@ -1,16 +1,18 @@
-//! A mapped artifact truncated by another program: the SIGBUS of the next read past its new end,
-//! reported as what it is instead of a bare "Bus error".
+//! A mapped file truncated by another program: the SIGBUS of the next read past its new end, reported as
+//! what it is instead of a bare "Bus error".
 //!
-//! Every mapping the store makes is registered here (its address range and a message naming its file)
-//! for as long as it lives. The first registration installs a `SIGBUS` handler. When a read faults inside
+//! Every mapping the store makes, and every checkpoint file the runtime maps, is registered here (its
+//! address range and a message naming its file) for as long as it lives. The first registration installs a `SIGBUS` handler. When a read faults inside
 //! a registered range, the handler writes that message to stderr and ends the process with
 //! [`EXIT_ARTIFACT_CHANGED`]: the weights it was reading are gone, and no result computed from them may be
 //! printed. A fault anywhere else goes to the handler that was installed before (Rust's own, which
 //! restores the default action), so the process dies of the signal as it would have.
 //!
-//! The handler only loads atomics, calls `write(2)` and `_exit(2)`, all async-signal-safe. Messages are
-//! built when a mapping is registered and never freed (a few hundred bytes per load), so the handler
-//! cannot read freed memory however a mapping's drop races it.
+//! The handler only loads atomics, calls `write(2)` and `_exit(2)`, all async-signal-safe, and only for a
+//! fault the kernel raised (`si_code` > 0: a `kill` carries no address). Messages are built when a mapping
+//! is registered and never freed (a few hundred bytes per registered load), so the handler cannot read
+//! freed memory however a mapping's drop races it. Only whole pages past a new end fault: the rest of a
+//! partly cut page reads as zeros, which is why modifying a mapped file in place is unsupported.
 
 use std::ffi::c_void;
 use std::path::Path;
@@ -18,7 +20,7 @@ use std::ptr;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
-/// The exit status of a process whose mapped artifact was truncated underneath it (`EX_IOERR`).
+/// The exit status of a process whose mapped file was truncated underneath it (`EX_IOERR`).
 pub const EXIT_ARTIFACT_CHANGED: i32 = 74;
 
 /// At most this many mappings are registered at once; a mapping beyond them is unregistered, and a fault
@@ -50,28 +52,37 @@ static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(ptr::null_mut());
 /// A registered mapping; dropping it unregisters the range (declare it before the mapping it guards, so
 /// it is dropped first).
 #[derive(Debug)]
-pub(crate) struct MappingGuard {
+pub struct MappingGuard {
     slot: Option<usize>,
 }
 
 impl MappingGuard {
-    /// Registers `map`, the mapping of the artifact at `path`.
+    /// Registers `map`, the mapping of a cached artifact at `path`.
     pub(crate) fn register(map: &[u8], path: &Path) -> MappingGuard {
+        Self::register_file(
+            map,
+            &format!("the cached artifact {}", path.display()),
+            "artifacts are never modified in place; `int4 cache verify` checks the cache, and the next load \
+             rebuilds what is damaged",
+        )
+    }
+
+    /// Registers `map`, the mapping of `what` (the file, in words); `hint` says what to do about it.
+    pub fn register_file(map: &[u8], what: &str, hint: &str) -> MappingGuard {
         if map.is_empty() {
             return MappingGuard { slot: None };
         }
         INSTALL.call_once(install);
-        let message = format!(
-            "int4: the cached artifact {} was truncated while this process had it mapped (another program \
-             changed it; artifacts are never modified in place): stopping. `int4 cache verify` checks the \
-             cache; the next load rebuilds what is damaged.\n",
-            path.display()
-        )
-        .into_bytes()
-        .leak();
         let start = map.as_ptr() as usize;
         for (i, slot) in REGISTRY.iter().enumerate() {
             if slot.in_use.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                // Built (and leaked) only once a slot is held.
+                let message = format!(
+                    "int4: {what} was truncated while this process had it mapped (another program changed \
+                     it): stopping. {hint}.\n"
+                )
+                .into_bytes()
+                .leak();
                 slot.message.store(message.as_mut_ptr(), Ordering::Release);
                 slot.message_len.store(message.len(), Ordering::Release);
                 slot.end.store(start + map.len(), Ordering::Release);
@@ -113,10 +124,10 @@ fn install() {
 }
 
 extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
-    // SAFETY: the kernel passes a valid `siginfo_t` to an SA_SIGINFO handler; `si_addr` is the faulting
-    // address for SIGBUS.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    for slot in &REGISTRY {
+    // SAFETY: the kernel passes a valid `siginfo_t` to an SA_SIGINFO handler; for a fault it raised
+    // (`si_code` > 0) `si_addr` is the faulting address.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    for slot in REGISTRY.iter().filter(|_| code > 0) {
         let start = slot.start.load(Ordering::Acquire);
         let end = slot.end.load(Ordering::Acquire);
         if start != 0 && (start..end).contains(&addr) {

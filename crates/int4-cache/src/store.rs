@@ -312,8 +312,10 @@ impl ArtifactStore {
         }
         let path = self.path_for(&hash);
         // The writer's descriptor now names the artifact: its exclusive lock becomes the shared lock every
-        // mapping holds, and the file is mapped through it (not reopened by name).
-        flock(&f, libc::LOCK_SH).map_err(|e| CacheError::io(&path, e))?;
+        // mapping holds, and the file is mapped through it (not reopened by name). The conversion is not
+        // atomic and not waited on: if an evictor takes the file in between, it unlinks a name, and this
+        // mapping stays valid.
+        let _ = flock(&f, libc::LOCK_SH | libc::LOCK_NB);
         let mapped = map_checked(f, &path, Some((&hash, &header.canonical)))?;
         if mapped.payload_hash() != header.payload_blake3 {
             let _ = std::fs::remove_file(&path);
@@ -367,14 +369,19 @@ impl ArtifactStore {
                 use std::os::unix::fs::OpenOptionsExt;
                 options.mode(0o444);
             }
-            let f = options.open(&tmp).map_err(|e| CacheError::io(&tmp, e))?;
-            flock(&f, libc::LOCK_EX).map_err(|e| CacheError::io(&tmp, e))?;
-            let same = |a: &std::fs::Metadata, b: &std::fs::Metadata| {
-                use std::os::unix::fs::MetadataExt;
-                a.dev() == b.dev() && a.ino() == b.ino()
+            let f = match options.open(&tmp) {
+                Ok(f) => f,
+                // Another process with the same pid (a container sharing the volume) got there first.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1 << 20 => continue,
+                Err(e) => return Err(CacheError::io(&tmp, e)),
             };
-            match (f.metadata(), std::fs::metadata(&tmp)) {
-                (Ok(a), Ok(b)) if same(&a, &b) => return Ok((f, tmp)),
+            // Never waited on: a lister may hold a shared lock for a moment, anything longer is foreign.
+            if let Err(e) = lock_within(&f, libc::LOCK_EX) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(CacheError::io(&tmp, e));
+            }
+            match (f.metadata(), std::fs::symlink_metadata(&tmp)) {
+                (Ok(a), Ok(b)) if same_file(&a, &b) => return Ok((f, tmp)),
                 // Removed before the lock was taken: try the next name (a remover only takes unlocked ones,
                 // so this happens at most once per racing remover).
                 _ if n < 1 << 20 => continue,
@@ -421,9 +428,16 @@ impl ArtifactStore {
             .filter_map(|e| {
                 let path = e.path();
                 let file = int4_files::open_regular(&path).ok()?;
-                let size = file.metadata().map_or(0, |m| m.len());
-                let alive = flock(&file, libc::LOCK_SH | libc::LOCK_NB).is_err();
-                Some((path, size, alive))
+                let meta = file.metadata().ok()?;
+                let alive = match flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+                    Ok(()) => false,
+                    Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => true,
+                    // No locks on this filesystem: a writer is presumed alive for an hour.
+                    Err(_) => {
+                        meta.modified().ok().and_then(|t| t.elapsed().ok()).is_none_or(|age| age.as_secs() < 3600)
+                    }
+                };
+                Some((path, meta.len(), alive))
             })
             .collect();
         out.sort();
@@ -455,9 +469,20 @@ impl ArtifactStore {
 
     /// Marks a key as never to be evicted.
     pub fn pin(&self, key: &ArtifactKey) -> Result<(), CacheError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let p = self.dir.join(format!("{}.pin", key.hash()));
         std::fs::create_dir_all(&self.dir).map_err(|e| CacheError::io(&self.dir, e))?;
-        std::fs::write(&p, b"").map_err(|e| CacheError::io(&p, e))
+        // Created if absent, never through a link or into a FIFO.
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&p)
+            .map_err(|e| CacheError::io(&p, e))?;
+        match f.metadata() {
+            Ok(m) if m.is_file() => Ok(()),
+            _ => Err(CacheError::io(&p, std::io::Error::other("not a regular file"))),
+        }
     }
 
     /// Removes every artifact no process has mapped (and dead writers' temporaries); returns the count of
@@ -507,7 +532,7 @@ impl ArtifactStore {
         if flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_err() {
             return false;
         }
-        std::fs::remove_file(&path).is_ok()
+        unlink_if_same(&f, &path)
     }
 
     /// Removes the store's temporaries whose writer is dead (its exclusive lock is gone), whatever their
@@ -522,7 +547,7 @@ impl ArtifactStore {
             if let Ok(f) = int4_files::open_regular(&path)
                 && flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok()
             {
-                let _ = std::fs::remove_file(&path);
+                unlink_if_same(&f, &path);
             }
         }
     }
@@ -537,6 +562,35 @@ fn is_own_temporary(name: &str) -> bool {
     };
     let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
     hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) && digits(pid) && digits(n)
+}
+
+/// Whether two metadata describe the same file (device and inode).
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+/// Unlinks `path` if it still names the file `locked` holds (another process may have renamed a fresh
+/// artifact over the name since it was opened); whether it did.
+fn unlink_if_same(locked: &File, path: &Path) -> bool {
+    match (locked.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) if same_file(&a, &b) => std::fs::remove_file(path).is_ok(),
+        _ => false,
+    }
+}
+
+/// `flock(file, op | LOCK_NB)`, retried for at most [`LOCK_WAIT`] while another process holds a
+/// conflicting lock.
+fn lock_within(file: &File, op: libc::c_int) -> std::io::Result<()> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match flock(file, op | libc::LOCK_NB) {
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Takes the shared lock a mapping holds, waiting at most [`LOCK_WAIT`] for another process's exclusive
@@ -596,9 +650,10 @@ fn map_checked(file: File, path: &Path, expect: Option<(&str, &str)>) -> Result<
     let corrupt = |reason: String| CacheError::new(CacheErrorKind::Corrupt { path: path.to_path_buf(), reason });
     // SAFETY: the mapping is read-only and private to this process. The store never modifies an artifact
     // in place: writers create a new, read-only file and rename it over the old name, and removal only
-    // unlinks. Another program truncating the file underneath the mapping makes a later read fault with
-    // SIGBUS, which `sigbus` reports and ends the process on (it cannot read past the file's end
-    // silently); one rewriting it in place is unsupported (module docs).
+    // unlinks. Another program truncating the file underneath the mapping makes a later read of a whole
+    // page past the new end fault with SIGBUS, which `sigbus` reports and ends the process on; the rest of
+    // a partly cut page reads as zeros, and rewriting the file in place changes what is read: both are
+    // in-place modification, unsupported (module docs, docs/bad-inputs.md).
     let map = unsafe { Mmap::map(&file) }.map_err(|e| CacheError::io(path, e))?;
     let guard = MappingGuard::register(&map, path);
     if map.len() < 24 {

@@ -347,7 +347,11 @@ fn source_identity_hashes_content_and_reuses_a_hash_only_for_an_unchanged_file()
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(index).unwrap()).unwrap();
         v["files"].as_object().unwrap().values().next().unwrap().clone()
     };
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    // (once its last change is older than the recording by the racy margin: a file changed just before
+    // it was hashed is hashed again, as below, until then).
+    let margin = std::time::Duration::from_nanos(int4_cache::key::RACY_MARGIN_NS as u64);
+    std::thread::sleep(margin + std::time::Duration::from_millis(100));
+    SourceIdentity::of_files(std::slice::from_ref(&f), Some(&index)).unwrap();
     let before = record(&index);
     SourceIdentity::of_files(std::slice::from_ref(&f), Some(&index)).unwrap();
     assert_eq!(record(&index), before, "an unchanged file is not hashed again");

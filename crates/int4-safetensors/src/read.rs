@@ -50,6 +50,8 @@ pub struct StoredEntry {
 /// A safetensors file, mapped read-only, its header parsed once.
 pub struct MappedFile {
     map: Mmap,
+    /// The file's metadata when it was mapped (`fstat` of the descriptor mapped, not of a path).
+    metadata: std::fs::Metadata,
     /// The tensors, in file order (by offset).
     entries: Vec<StoredEntry>,
 }
@@ -63,6 +65,7 @@ impl std::fmt::Debug for MappedFile {
 impl MappedFile {
     /// Maps `file` and parses its header.
     pub fn open(file: &File) -> Result<Self, ReadError> {
+        let metadata = file.metadata().map_err(ReadError::Io)?;
         // SAFETY: the mapping is read-only and private; the files mapped here (checkpoints) are not modified
         // while they are read (as with any memory-mapped model file, truncating it underneath a running
         // process is outside what this program can defend against).
@@ -83,7 +86,17 @@ impl MappedFile {
             })
             .collect();
         entries.sort_by_key(|e| (e.range.start, e.range.end));
-        Ok(MappedFile { map, entries })
+        Ok(MappedFile { map, metadata, entries })
+    }
+
+    /// The whole file as mapped (header included): what a content hash of the file covers.
+    pub fn bytes_all(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The file's metadata when it was mapped (size, inode, times), from the descriptor that was mapped.
+    pub fn metadata(&self) -> &std::fs::Metadata {
+        &self.metadata
     }
 
     /// The tensors, in file order.

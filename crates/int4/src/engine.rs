@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use int4_cache::key::SourceContent;
 use int4_cache::quant_config::{NormalizedConfig, normalize};
 use int4_cache::{Artifact, ArtifactKey, ArtifactStore, MappedArtifact, SourceIdentity};
 use int4_kernels::bytes::SharedBytes;
@@ -461,7 +462,9 @@ fn artifact_key(
         .collect();
     let index = store.dir().join("sources.json");
     let _ = std::fs::create_dir_all(store.dir());
-    let source = SourceIdentity::of_files(&ckpt.files(), Some(&index)).map_err(at("checkpoint"))?;
+    let held: Vec<SourceContent<'_>> =
+        ckpt.held_files().into_iter().map(|(path, metadata, bytes)| SourceContent { path, metadata, bytes }).collect();
+    let source = SourceIdentity::of_contents(&held, Some(&index)).map_err(at("checkpoint"))?;
     let key = ArtifactKey::new(quantization, plan, features, source);
     Ok(match numerics {
         Numerics::W4a8 { head: HeadBits::Eight, .. } => key.with_option("head_bits", serde_json::json!(8)),

@@ -13,6 +13,9 @@ use crate::error::{Error, Result, at};
 use crate::model_dir::ModelDir;
 
 struct Shard {
+    // Declared (and so dropped) before the mapping: a read faulting in a file truncated underneath the
+    // process is reported by `int4_cache::sigbus` for as long as the file is mapped.
+    _guard: int4_cache::sigbus::MappingGuard,
     path: PathBuf,
     file: MappedFile,
 }
@@ -103,7 +106,12 @@ impl Checkpoint {
                 }
                 entries.insert(tensor.name.clone(), Entry { shard: shards.len(), index });
             }
-            shards.push(Shard { path, file });
+            let guard = int4_cache::sigbus::MappingGuard::register_file(
+                file.bytes_all(),
+                &format!("the model file {}", path.display()),
+                "a model's files must not change while it runs",
+            );
+            shards.push(Shard { _guard: guard, path, file });
         }
         Ok(Checkpoint { shards, entries })
     }
@@ -131,6 +139,13 @@ impl Checkpoint {
     /// The safetensors files, in the order they were opened.
     pub fn files(&self) -> Vec<PathBuf> {
         self.shards.iter().map(|s| s.path.clone()).collect()
+    }
+
+    /// Each safetensors file as held: its path, the metadata of the descriptor that was mapped, and the
+    /// whole mapping — what a content identity of the checkpoint hashes, so it is the identity of the bytes
+    /// this checkpoint reads even if a path is renamed over meanwhile.
+    pub fn held_files(&self) -> Vec<(&Path, &std::fs::Metadata, &[u8])> {
+        self.shards.iter().map(|s| (s.path.as_path(), s.file.metadata(), s.file.bytes_all())).collect()
     }
 
     /// Every tensor's name and dtype (as safetensors spells it), sorted by name.
