@@ -22,7 +22,7 @@ use int4_quant::gptq_method::GptqOptions;
 mod lines;
 mod out;
 
-use out::{OutError, out, outln};
+use out::{OutError, err, errln, out, outln};
 
 #[derive(Parser)]
 #[command(name = "int4", version, about = "4-bit-weight LLM inference on x86 CPUs")]
@@ -336,7 +336,7 @@ fn report(command: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode 
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if out::is_closed(e.as_ref()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("int4 {command}: {e}");
+            errln!("int4 {command}: {e}");
             ExitCode::FAILURE
         }
     }
@@ -362,7 +362,7 @@ fn start_threads(threads: Option<usize>) -> Result<(), Box<dyn std::error::Error
         }
         let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let t = if t > cpus {
-            eprintln!(
+            errln!(
                 "[int4] warning: --threads {t} is more than the {cpus} logical CPUs this process may use; using {cpus}"
             );
             cpus
@@ -412,7 +412,7 @@ fn load_engine(dir: &std::path::Path, run: &RunArgs, context: usize) -> Result<E
     e.apply(&mut opts)?;
     let engine = Engine::load(dir, &opts)?;
     for w in &engine.warnings {
-        eprintln!("[int4] warning: {w}");
+        errln!("[int4] warning: {w}");
     }
     Ok(engine)
 }
@@ -498,7 +498,7 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     sampling.check()?;
     let engine = load_engine(&a.model_dir, &a.run, a.context)?;
-    eprintln!(
+    errln!(
         "[int4] load {:.2} s ({}); type a message, /reset to start over, an empty line to quit",
         engine.load_time.as_secs_f64(),
         packed_from(&engine)
@@ -510,16 +510,16 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut fed: Vec<u32> = Vec::new();
     let mut stdin = std::io::stdin().lock();
     loop {
-        eprint!("> ");
+        err!("> ");
         let line = match lines::read_line(&mut stdin)? {
             lines::Line::End => return Ok(()),
             lines::Line::Text(t) => t,
             lines::Line::NotUtf8 => {
-                eprintln!("[int4] that line is not UTF-8 text: nothing was sent; type it again");
+                errln!("[int4] that line is not UTF-8 text: nothing was sent; type it again");
                 continue;
             }
             lines::Line::TooLong => {
-                eprintln!("[int4] that line is longer than {} bytes: nothing was sent", lines::LINE_CAP);
+                errln!("[int4] that line is longer than {} bytes: nothing was sent", lines::LINE_CAP);
                 continue;
             }
         };
@@ -535,17 +535,20 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
         messages.push(Message { role: "user".into(), content: line.trim_end().to_string() });
         // The conversation must leave room for the reply: drop the oldest user/assistant turns (the system
         // message stays) until it does; a turn that cannot fit even alone is refused, and only it.
+        // Fitted on a copy: a refused turn leaves the conversation as it was.
+        let mut fitted = messages.clone();
         let (ids, dropped) =
-            match fit_conversation(&engine, &mut messages, system.len(), a.max_new_tokens, cache.capacity()) {
+            match fit_conversation(&engine, &mut fitted, system.len(), a.max_new_tokens, cache.capacity()) {
                 Ok(fit) => fit,
                 Err(e) => {
                     messages.pop();
-                    eprintln!("[int4] {e}: nothing was sent");
+                    errln!("[int4] {e}: nothing was sent");
                     continue;
                 }
             };
+        messages = fitted;
         if dropped > 0 {
-            eprintln!(
+            errln!(
                 "[int4] the conversation outgrew the context ({} positions): dropped the {dropped} oldest message(s)",
                 cache.capacity()
             );
@@ -577,7 +580,7 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
         let reply = engine.text.decode(&out.tokens)?;
         messages.push(Message { role: "assistant".into(), content: reply.trim().to_string() });
         let tps = out.tokens.len().saturating_sub(1) as f64 / out.decode.as_secs_f64().max(1e-9);
-        eprintln!(
+        errln!(
             "[int4] {} new prompt tokens, {} generated at {tps:.1} tok/s, {} of {} context used",
             new.len(),
             out.tokens.len(),
@@ -697,7 +700,7 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         outln!()?;
         let path = engine.plan.path;
-        eprintln!(
+        errln!(
             "[int4] load {:.2} s ({}) | prefill {} tok at {:.1} tok/s | decode {} tok at {:.1} tok/s | path {} (decode {}, prefill {}) | stop {:?} | RssAnon {:.0} MiB",
             engine.load_time.as_secs_f64(),
             packed_from,
@@ -729,7 +732,7 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         a.engine.apply(&mut opts)?;
         let engine = Engine::load(dir, &opts)?;
         for w in &engine.warnings {
-            eprintln!("[int4] warning: {w}");
+            errln!("[int4] warning: {w}");
         }
         Ok(engine)
     };
@@ -1023,12 +1026,12 @@ fn cache(action: &str, bytes: Option<u64>) -> Result<ExitCode, Box<dyn std::erro
                 Ok(ExitCode::SUCCESS)
             }
             None => {
-                eprintln!("int4 cache evict: give the size cap in bytes");
+                errln!("int4 cache evict: give the size cap in bytes");
                 Ok(ExitCode::from(2))
             }
         },
         _ => {
-            eprintln!("usage: int4 cache ls|verify|clear|evict BYTES");
+            errln!("usage: int4 cache ls|verify|clear|evict BYTES");
             Ok(ExitCode::from(2))
         }
     }

@@ -1,7 +1,9 @@
 //! Standard output, written in one place.
 //!
 //! Every command writes its results through [`outln!`] and [`out!`] (or [`write_str`]), never `println!`,
-//! which panics when the write fails. A closed pipe (`int4 generate … | head`) is not an error: the
+//! which panics when the write fails. Messages go to standard error through [`errln!`] and [`err!`],
+//! which drop a failed write (a closed stderr, `2>&1 | head`) instead of panicking as `eprintln!` does:
+//! there is nowhere left to report it. A closed pipe (`int4 generate … | head`) is not an error: the
 //! command stops at once — a generation ends at the next token — and exits 0 without a message, as
 //! ripgrep does. Any other write error (`> /dev/full`) is one line on stderr and exit status 1.
 
@@ -71,7 +73,23 @@ macro_rules! out {
     };
 }
 
-pub(crate) use {out, outln};
+/// `eprintln!` that ignores a failed write.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that ignores a failed write.
+macro_rules! err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+pub(crate) use {err, errln, out, outln};
 
 /// Whether `e` is a closed standard output (the command should exit 0 silently).
 pub(crate) fn is_closed(e: &(dyn std::error::Error + 'static)) -> bool {

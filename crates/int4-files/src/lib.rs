@@ -3,7 +3,8 @@
 //!
 //! * **Only regular files.** A file is opened with `O_NONBLOCK` and checked with `fstat` before anything
 //!   reads it: a FIFO with no writer, a character device such as `/dev/zero` or a directory is an error
-//!   naming the path, never a wait or an endless read. (`O_NONBLOCK` changes nothing for a regular file.)
+//!   naming the path, never a wait or an endless read. (`O_NONBLOCK` changes nothing for a regular file,
+//!   and stays set on the returned `File`.)
 //! * **Reads are capped.** [`read_capped`] reads at most the caller's cap, plus one byte to tell a file
 //!   exactly at the cap from a longer one, so a file that grows while it is read is still refused.
 //!
@@ -98,7 +99,8 @@ pub fn open_regular(path: &Path) -> Result<File, FileError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK);
+        // Non-blocking so a FIFO cannot stall the open; never becoming a terminal's controlling process.
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
     }
     let file = options.open(path).map_err(|e| FileError::new(path, FileErrorKind::Io(e)))?;
     let meta = file.metadata().map_err(|e| FileError::new(path, FileErrorKind::Io(e)))?;

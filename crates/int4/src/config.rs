@@ -143,16 +143,38 @@ impl ModelConfig {
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
             None => return Err(Error::config("config.json", "hidden_size is not a multiple of num_attention_heads")),
         };
-        // v5 keeps rope_theta and the scaling inside rope_parameters.
-        let rope = v.get("rope_parameters").or_else(|| v.get("rope_scaling")).filter(|r| r.is_object());
+        // v5 keeps rope_theta and the scaling inside rope_parameters; v4 has rope_theta and rope_scaling.
+        // Either may be present (or null); what is present must be an object.
+        let object = |key: &str| match present(&v, key) {
+            None => Ok(None),
+            Some(o) if o.is_object() => Ok(Some(o)),
+            Some(x) => Err(wrong(key, x, "an object")),
+        };
+        let (params, scaling) = (object("rope_parameters")?, object("rope_scaling")?);
         let rope_theta = match opt_f64(&v, "rope_theta")? {
             Some(t) => t,
-            None => rope.map(|r| opt_f64(r, "rope_theta")).transpose()?.flatten().unwrap_or(10000.0),
+            None => params.map(|r| opt_f64(r, "rope_theta")).transpose()?.flatten().unwrap_or(10000.0),
         };
-        let rope_type = match rope.and_then(|r| present(r, "rope_type").or_else(|| present(r, "type"))) {
-            None => None,
-            Some(t) => Some(t.as_str().ok_or_else(|| wrong("rope_type", t, "a string"))?),
+        let type_of = |r: &Value| -> Result<Option<(Value, String)>> {
+            match present(r, "rope_type").or_else(|| present(r, "type")) {
+                None => Ok(None),
+                Some(t) => {
+                    Ok(Some((r.clone(), t.as_str().ok_or_else(|| wrong("rope_type", t, "a string"))?.to_string())))
+                }
+            }
         };
+        let typed = match (params.map(type_of).transpose()?.flatten(), scaling.map(type_of).transpose()?.flatten()) {
+            (Some(p), Some(s)) if p.1 != s.1 => {
+                return Err(Error::config(
+                    "config.json",
+                    format!("rope_parameters says rope type {}, rope_scaling says {}", p.1, s.1),
+                ));
+            }
+            (Some(p), _) => Some(p),
+            (None, s) => s,
+        };
+        let rope = typed.as_ref().map(|(r, _)| r);
+        let rope_type = typed.as_ref().map(|(_, t)| t.as_str());
         let rope_llama3 = match rope_type {
             None | Some("default") => None,
             Some("llama3") => {

@@ -8,7 +8,9 @@
 //! the deadline. A child that runs out of memory dies of its failed allocation; either way the parent
 //! reports which budget ran out and the template never touches the parent's memory or time. The child
 //! runs only the render — no other thread exists in it — and leaves with `_exit`, so nothing of the
-//! parent's state (buffers, locks, destructors) runs twice.
+//! parent's state (buffers, locks, destructors) runs twice. It cannot outlive the parent or the budget on
+//! its own either: it asks to be killed when the parent dies (`PR_SET_PDEATHSIG`) and carries a CPU-time
+//! limit; it keeps no descriptor of the parent's but its end of the pipe.
 //!
 //! Elsewhere the render runs in process, unbounded (documented in `docs/bad-inputs.md`).
 
@@ -23,23 +25,30 @@ pub(crate) struct Budget {
     pub time: Duration,
 }
 
-/// How a bounded run ended when it did not finish.
+/// How a bounded run ended.
 #[derive(Debug)]
-pub(crate) enum Exceeded {
+pub(crate) enum Outcome {
+    /// It finished, with these bytes.
+    Done(Vec<u8>),
+    /// It finished without a result (the caller re-runs it in process for the error itself, which is
+    /// deterministic and was just shown to fit the budget).
+    Failed,
+    /// It panicked (not re-run: the panic would recur in the caller's process).
+    Panicked,
     /// It needed more memory than the budget.
-    Memory,
+    OutOfMemory,
     /// It ran past the deadline.
-    Time,
+    OutOfTime,
 }
 
-/// Runs `work` under `budget`; its output travels back as bytes: `Ok(Ok(bytes))` it succeeded,
-/// `Ok(Err(()))` it failed (the caller re-runs it in process for the error itself, which is deterministic
-/// and was just shown to fit the budget), `Err` it exceeded the budget.
+/// The tags the child writes after its output.
+const TAG_FAILED: u8 = 0;
+const TAG_DONE: u8 = 1;
+const TAG_PANICKED: u8 = 2;
+
+/// Runs `work` under `budget`; its output travels back as bytes.
 #[cfg(target_os = "linux")]
-pub(crate) fn run_bounded(
-    budget: Budget,
-    work: impl FnOnce() -> Option<Vec<u8>>,
-) -> std::io::Result<Result<Result<Vec<u8>, ()>, Exceeded>> {
+pub(crate) fn run_bounded(budget: Budget, work: impl FnOnce() -> Option<Vec<u8>>) -> std::io::Result<Outcome> {
     use std::io::Read;
     use std::os::fd::FromRawFd;
 
@@ -49,6 +58,8 @@ pub(crate) fn run_bounded(
         return Err(std::io::Error::last_os_error());
     }
     let (read_fd, write_fd) = (fds[0], fds[1]);
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: fork has no preconditions; the child below only runs `child` and leaves with `_exit`.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -63,7 +74,7 @@ pub(crate) fn run_bounded(
     if pid == 0 {
         // SAFETY: the child closes its copy of the read end, then runs the work and never returns.
         unsafe { libc::close(read_fd) };
-        child(write_fd, budget.memory, work);
+        child(write_fd, parent, budget, work);
     }
     // SAFETY: the parent owns the read end from here (closed when `reader` drops) and closes its copy of
     // the write end, so the read sees end-of-file when the child exits.
@@ -98,7 +109,7 @@ pub(crate) fn run_bounded(
             Ok(n) if (out.len() + n) as u64 <= budget.memory + 1 => out.extend_from_slice(&buf[..n]),
             Ok(_) => {
                 kill_and_reap(pid);
-                return Ok(Err(Exceeded::Memory));
+                return Ok(Outcome::OutOfMemory);
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
@@ -109,46 +120,69 @@ pub(crate) fn run_bounded(
     }
     if timed_out {
         kill_and_reap(pid);
-        return Ok(Err(Exceeded::Time));
+        return Ok(Outcome::OutOfTime);
     }
     let status = reap(pid);
-    // The child writes a tag byte last: 1 after a success's bytes, 0 after a failure.
+    // The child writes a tag byte last, after all its output: a complete message is one whose tag arrived
+    // with a clean exit, or with no exit status to see (SIGCHLD ignored by whoever started us reaps the
+    // child itself).
     match (status, out.pop()) {
-        (Some(0), Some(1)) => Ok(Ok(Ok(out))),
-        (Some(0), Some(0)) => Ok(Ok(Err(()))),
-        // The child could not set its limit: nothing ran.
+        (Some(0) | None, Some(TAG_DONE)) => Ok(Outcome::Done(out)),
+        (Some(0) | None, Some(TAG_FAILED)) => Ok(Outcome::Failed),
+        (Some(0) | None, Some(TAG_PANICKED)) => Ok(Outcome::Panicked),
+        // The child could not set its limits: nothing ran.
         (Some(3), _) => Err(std::io::Error::other("the render's child process could not limit its memory")),
-        // Killed by its failed allocation (an abort), or any other death: the memory budget.
-        _ => Ok(Err(Exceeded::Memory)),
+        // Killed by its failed allocation (an abort) or by its CPU-time limit, or any other death before
+        // its tag: out of its budget.
+        _ => Ok(Outcome::OutOfMemory),
     }
 }
 
-/// The child's side: cap the address space, silence stderr, run `work`, send its result, leave.
+/// The child's side: tie its life to the parent's, cap its address space and CPU time, keep only its end of
+/// the pipe (standard streams to `/dev/null`), run `work`, send its result, leave.
 #[cfg(target_os = "linux")]
-fn child(write_fd: libc::c_int, memory: u64, work: impl FnOnce() -> Option<Vec<u8>>) -> ! {
+fn child(write_fd: libc::c_int, parent: libc::pid_t, budget: Budget, work: impl FnOnce() -> Option<Vec<u8>>) -> ! {
     // Only this thread exists in the child. It reads its own address-space size, sets its own limit and
     // descriptors, runs the work (which allocates through the allocator, which glibc's fork left usable),
     // writes to the pipe and ends with `_exit`, running no destructor or exit handler of the parent's state.
     // SAFETY: each call below takes valid arguments (a NUL-terminated path, descriptors this process owns, a
     // valid `rlimit`), and `_exit` never returns, so nothing after the work runs twice.
     unsafe {
-        let devnull = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+        // Killed when the parent dies; and if it already has, gone at once.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            libc::_exit(5);
+        }
+        let devnull = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if devnull >= 0 {
+            libc::dup2(devnull, 0);
+            libc::dup2(devnull, 1);
             libc::dup2(devnull, 2);
         }
+        // The pipe's write end at descriptor 3, and nothing else the parent had open (another render's
+        // pipe held here would keep that render from seeing its end of output).
+        const OUT: libc::c_int = 3;
+        if write_fd != OUT {
+            libc::dup2(write_fd, OUT);
+        }
+        libc::syscall(libc::SYS_close_range, (OUT + 1) as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
+        let write_fd = OUT;
+        let cpu = budget.time.as_secs() + 1;
+        libc::setrlimit(libc::RLIMIT_CPU, &libc::rlimit { rlim_cur: cpu, rlim_max: cpu + 1 });
         // The soft limit: what the child has plus the budget, never above the hard limit it inherited.
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         let hard = if libc::getrlimit(libc::RLIMIT_AS, &mut limit) == 0 { limit.rlim_max } else { libc::RLIM_INFINITY };
         let now = address_space_bytes().unwrap_or(0);
-        let soft = now.saturating_add(memory).min(hard);
+        let soft = now.saturating_add(budget.memory).min(hard);
         let limit = libc::rlimit { rlim_cur: soft, rlim_max: hard };
         if now == 0 || libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
             libc::_exit(3);
         }
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).ok().flatten();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
         let (bytes, tag) = match &result {
-            Some(b) => (b.as_slice(), 1u8),
-            None => (&[][..], 0u8),
+            Ok(Some(b)) => (b.as_slice(), TAG_DONE),
+            Ok(None) => (&[][..], TAG_FAILED),
+            Err(_) => (&[][..], TAG_PANICKED),
         };
         let ok = write_all(write_fd, bytes) && write_all(write_fd, &[tag]);
         libc::_exit(if ok { 0 } else { 4 });
@@ -212,9 +246,9 @@ mod tests {
     #[test]
     fn results_failures_and_both_budgets() {
         let ok = run_bounded(BUDGET, || Some(b"rendered".to_vec())).unwrap();
-        assert_eq!(ok.unwrap().unwrap(), b"rendered");
-        assert!(run_bounded(BUDGET, || None).unwrap().unwrap().is_err());
-        assert!(run_bounded(BUDGET, || panic!("in the child")).unwrap().unwrap().is_err());
+        assert!(matches!(ok, Outcome::Done(b) if b == b"rendered"));
+        assert!(matches!(run_bounded(BUDGET, || None).unwrap(), Outcome::Failed));
+        assert!(matches!(run_bounded(BUDGET, || panic!("in the child")).unwrap(), Outcome::Panicked));
         let doubling = || {
             let mut s = String::from("x");
             for _ in 0..60 {
@@ -222,12 +256,12 @@ mod tests {
             }
             Some(s.into_bytes())
         };
-        assert!(matches!(run_bounded(BUDGET, doubling).unwrap(), Err(Exceeded::Memory)));
+        assert!(matches!(run_bounded(BUDGET, doubling).unwrap(), Outcome::OutOfMemory));
         let t = std::time::Instant::now();
         let endless = || loop {
             std::hint::black_box(0);
         };
-        assert!(matches!(run_bounded(BUDGET, endless).unwrap(), Err(Exceeded::Time)));
+        assert!(matches!(run_bounded(BUDGET, endless).unwrap(), Outcome::OutOfTime));
         assert!(t.elapsed() < Duration::from_secs(4));
     }
 }

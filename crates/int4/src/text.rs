@@ -49,27 +49,46 @@ fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
-/// How many times longer a text can get through the normalizer `n` (a bound: `Replace` counts its content
-/// over its pattern's length, or the content's length plus one for a regex, which may match one character
-/// or none; a `Sequence` multiplies its members'; BERT's normaliser may space out every character; the
-/// Unicode normal forms and the rest are counted as 1).
+/// How many times longer a text can get through the normalizer `n` (a bound). A `Replace` counts its
+/// content over its pattern's length (its content's length plus one for a regex or an empty pattern, which
+/// may match one character or none); BERT's normaliser may space out every character. The Unicode
+/// compatibility forms, SentencePiece's precompiled map and case mapping expand some characters several
+/// times (NFKD U+FDFA into 18): on a user's text that is a constant, so alone they count 1, but after a
+/// `Replace` (even one character for one: it can put such a character in) or any step that can grow the
+/// text they multiply what it made, so there they count 18 (3 for case mapping). A `Sequence` multiplies
+/// its members', in order.
 fn normalizer_growth(n: &serde_json::Value) -> f64 {
+    chain_growth(std::slice::from_ref(n), &mut false)
+}
+
+/// The growth of `steps` applied in order; `grown` says whether an earlier step can grow the text.
+fn chain_growth(steps: &[serde_json::Value], grown: &mut bool) -> f64 {
     let chars = |v: Option<&serde_json::Value>| v.and_then(|s| s.as_str()).map_or(0, |s| s.chars().count()) as f64;
-    match n.get("type").and_then(|t| t.as_str()) {
-        Some("Sequence") => {
-            n.get("normalizers").and_then(|v| v.as_array()).map_or(1.0, |a| a.iter().map(normalizer_growth).product())
-        }
-        Some("Replace") => {
-            let content = chars(n.get("content"));
-            let pattern = n.get("pattern");
-            match pattern.and_then(|p| p.get("String")) {
-                Some(p) => (content / chars(Some(p)).max(1.0)).max(1.0),
-                None => content + 1.0,
+    let mut total = 1.0;
+    for n in steps {
+        let factor = match n.get("type").and_then(|t| t.as_str()) {
+            Some("Sequence") => {
+                let members = n.get("normalizers").and_then(|v| v.as_array()).map_or(&[][..], Vec::as_slice);
+                chain_growth(members, grown)
             }
+            Some("Replace") => {
+                let content = chars(n.get("content"));
+                match n.get("pattern").and_then(|p| p.get("String")) {
+                    Some(p) if chars(Some(p)) > 0.0 => (content / chars(Some(p))).max(1.0),
+                    _ => content + 1.0,
+                }
+            }
+            Some("BertNormalizer") => 3.0,
+            Some("NFKC" | "NFKD" | "NFC" | "NFD" | "Precompiled") if *grown => 18.0,
+            Some("Lowercase" | "Uppercase") if *grown => 3.0,
+            _ => 1.0,
+        };
+        if factor > 1.0 || n.get("type").and_then(|t| t.as_str()) == Some("Replace") {
+            *grown = true;
         }
-        Some("BertNormalizer") => 3.0,
-        _ => 1.0,
+        total *= factor;
     }
+    total
 }
 
 impl TextCodec {
@@ -152,20 +171,23 @@ impl TextCodec {
         let tpl = self.chat_template.as_ref().ok_or_else(|| Error::config("chat template", "the model has none"))?;
         #[cfg(target_os = "linux")]
         {
-            use crate::sandbox::{Exceeded, run_bounded};
+            use crate::sandbox::{Outcome, run_bounded};
             let bounded = run_bounded(TEMPLATE_BUDGET, || self.render(tpl, messages).ok().map(String::into_bytes))
                 .map_err(crate::error::at("chat template"))?;
-            let over =
+            let refused =
                 |what: String| Error::template(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, what));
             match bounded {
-                Ok(Ok(bytes)) => String::from_utf8(bytes).map_err(|_| over("rendered text that is not UTF-8".into())),
+                Outcome::Done(bytes) => {
+                    String::from_utf8(bytes).map_err(|_| refused("rendered text that is not UTF-8".into()))
+                }
                 // The render failed within its budget: run it here for the error itself.
-                Ok(Err(())) => self.render(tpl, messages),
-                Err(Exceeded::Memory) => Err(over(format!(
+                Outcome::Failed => self.render(tpl, messages),
+                Outcome::Panicked => Err(refused("the chat template's renderer panicked on it; it is refused".into())),
+                Outcome::OutOfMemory => Err(refused(format!(
                     "the chat template needs more than {} MiB to render; it is refused",
                     TEMPLATE_BUDGET.memory >> 20
                 ))),
-                Err(Exceeded::Time) => Err(over(format!(
+                Outcome::OutOfTime => Err(refused(format!(
                     "the chat template did not finish rendering in {} s; it is refused",
                     TEMPLATE_BUDGET.time.as_secs_f32()
                 ))),

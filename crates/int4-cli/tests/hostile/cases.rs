@@ -831,6 +831,21 @@ fn tokenizers(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
         let d = edited(name, &|t| t["normalizer"] = json!({"type": "Sequence", "normalizers": vec![rep.clone(); n]}));
         cases.push(case(format!("tok-{name}"), generate(&d), Expect::Error("its normalizers can make a text")));
     }
+    // One character for another that NFKC expands eighteen times (three spaces among them), repeated.
+    let nfkc = json!([{"type": "Replace", "pattern": {"String": " "}, "content": "\u{FDFA}"}, {"type": "NFKC"}]);
+    let bypass = edited("expand-through-nfkc", &|t| {
+        let steps: Vec<Value> = (0..20).flat_map(|_| nfkc.as_array().unwrap().clone()).collect();
+        t["normalizer"] = json!({"type": "Sequence", "normalizers": steps});
+    });
+    cases.push(case("tok-expand-through-nfkc", generate(&bypass), Expect::Error("its normalizers can make a text")));
+    // A real tokenizer's shape (SentencePiece: a Unicode normal form, then runs of spaces folded) loads.
+    let sp = edited("sentencepiece-shape", &|t| {
+        t["normalizer"] = json!({"type": "Sequence", "normalizers": [
+            {"type": "NFKC"},
+            {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}
+        ]});
+    });
+    cases.push(case("tok-sentencepiece-shape", generate(&sp), Expect::Ok));
     let vocab_edit = |name: &str, key: &str, id: u64| edited(name, &|t| t["model"]["vocab"][key] = json!(id));
     cases.push(case(
         "tok-id-beyond-vocab",
@@ -893,7 +908,7 @@ fn tokenizers(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
         Expect::Error("tokenizer"),
     ));
     let huge = edited("huge-vocab", &|t| {
-        t["model"]["vocab"] = Value::Object((0..3_000_000).map(|i| (format!("w{i}"), json!(i))).collect());
+        t["model"]["vocab"] = Value::Object((0..1_000_000).map(|i| (format!("w{i}"), json!(i))).collect());
     });
     cases.push(case("tok-huge-vocab", generate(&huge), Expect::Ok));
     let fifo_tok = variant(root, tiny, "tok-fifo", |d| fifo(&d.join("tokenizer.json")));
