@@ -158,3 +158,42 @@ pub fn magnitudes_dense(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> V
     }
     out
 }
+
+/// `μ[m][n] = Σ_k |x[m][k]·d[n][k/32]·q[n][k]|` for W8A16 weights (codes `[N][K]`, scales `[N][K/32]`).
+pub fn magnitudes_w8a16(x: &[f32], m: usize, codes: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<f64> {
+    let groups = k / 32;
+    let mut out = vec![0.0f64; m * n];
+    for row in 0..m {
+        for col in 0..n {
+            out[row * n + col] = (0..k)
+                .map(|kk| {
+                    let w = f64::from(scales[col * groups + kk / 32]) * f64::from(codes[col * k + kk]);
+                    (f64::from(x[row * k + kk]) * w).abs()
+                })
+                .sum();
+        }
+    }
+    out
+}
+
+/// `γ_n = n·u/(1 − n·u)`: the relative error of `n` chained roundings with unit roundoff `u`.
+fn gamma(n: usize, u: f64) -> f64 {
+    let nu = n as f64 * u;
+    nu / (1.0 - nu)
+}
+
+/// How far a W8A16 output (`crate::w8a16`'s order) may be from the f64 reference
+/// ([`crate::reference::w8a16_f64`]), for `k` input channels, magnitudes `mu` ([`magnitudes_w8a16`]) and
+/// bias `bias`.
+///
+/// Each term `x·d·q` is rounded at most `G + 7` times on its way to the output (`G = K/32`): its product
+/// `q·x` (the lanes' first half), the inner `fma` that makes `t`, the group's `fma` into its lane and
+/// every later group's (at most `G`), four tree additions and the bias addition; the bias is rounded once.
+/// So the kernels are within `γ_{G+7}·μ + u·|bias|` of the exact sum (`u = 2⁻²⁴`), under the standard model
+/// the whole module assumes: no product or FMA result lands among the subnormals (below 2⁻¹²⁶ without being
+/// 0). The f64 reference rounds each of its `K` products and `K` additions (`d·q` itself is exact: 24 + 8
+/// bits): `γ_{2K+1}` in f64 of `μ + |bias|` covers that too.
+pub fn w8a16_bound(k: usize, mu: f64, bias: f64) -> f64 {
+    let reference = gamma(2 * k + 1, f64::EPSILON / 2.0) * (mu + bias.abs());
+    gamma(k / 32 + 7, U_F32) * mu + U_F32 * bias.abs() + reference
+}

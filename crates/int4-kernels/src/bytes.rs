@@ -69,6 +69,36 @@ impl PartialEq for SharedBytes {
     }
 }
 
+/// f32 values read in place from shared bytes when aligned (on a little-endian host), else decoded into a
+/// vector: how a layer holds the float tables of a mapped artifact (scales, offsets) without copying them.
+#[derive(Clone, Debug)]
+pub(crate) enum Floats {
+    Mapped(SharedBytes),
+    Owned(Vec<f32>),
+}
+
+impl Floats {
+    /// The little-endian f32 values in `bytes` (a whole number of them).
+    pub(crate) fn new(bytes: SharedBytes) -> Result<Self, KernelError> {
+        if !bytes.len().is_multiple_of(4) {
+            return Err(KernelError::shape("scale bytes", bytes.len().next_multiple_of(4), bytes.len()));
+        }
+        if cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(&bytes).is_ok() {
+            Ok(Floats::Mapped(bytes))
+        } else {
+            Ok(Floats::Owned(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+        }
+    }
+
+    /// The values.
+    pub(crate) fn as_slice(&self) -> &[f32] {
+        match self {
+            Floats::Mapped(b) => bytemuck::cast_slice(b),
+            Floats::Owned(v) => v,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

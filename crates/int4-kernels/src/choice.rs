@@ -32,6 +32,13 @@ pub const DENSE_GEMV_MAX_ROWS: usize = 16;
 /// do not help a few rows. Not measured: no AMX host has been available to this project.
 pub const W4A8_AMX_MIN_ROWS: usize = 16;
 
+/// The rows from which a W8A16 layer runs its prefill kernel by default. The prefill's tiles of activation
+/// rows load and convert each code once for the whole tile, where the decode GEMV repeats that work per
+/// activation row: measured faster from two rows (N = 49152, K = 576, AVX-512, two threads: M = 2 in
+/// 1.0 ms against 1.4, M = 3 1.05 against 1.75, M = 4 1.2 against 1.6; `decode_timing_beside_int8_linear`
+/// in `tests/w8a16.rs`).
+pub const W8A16_PREFILL_FROM_ROWS: usize = 2;
+
 /// What a layer is, as far as the choice of its kernels goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LayerSpec {
@@ -47,6 +54,11 @@ pub enum LayerSpec {
     /// 4-bit (or two-plane 8-bit) weights, int8 activations.
     W4a8 {
         /// Rows at or above which the prefill kernel runs (at least [`W4A8_AMX_MIN_ROWS`] on AMX).
+        prefill_from: usize,
+    },
+    /// int8 weight codes with an f32 scale per 32 inputs (GGUF Q8_0, Q5_0), f32 activations.
+    W8a16 {
+        /// Rows at or above which the prefill kernel runs ([`W8A16_PREFILL_FROM_ROWS`] by default).
         prefill_from: usize,
     },
     /// Unquantized weights.
@@ -140,6 +152,17 @@ pub fn choose(features: FeatureSet, spec: LayerSpec) -> KernelChoice {
                 KernelChoice { decode: k, prefill: k, prefill_from }
             }
         }
+        LayerSpec::W8a16 { prefill_from } => {
+            // Every variant computes the same bits (crate::w8a16), so the widest one the CPU has is taken.
+            let (decode, prefill) = if f.avx512() {
+                (KernelId::W8a16DecodeAvx512, KernelId::W8a16PrefillAvx512)
+            } else if f.avx2_fma() {
+                (KernelId::W8a16DecodeAvx2, KernelId::W8a16PrefillAvx2)
+            } else {
+                (KernelId::W8a16DecodePortable, KernelId::W8a16PrefillPortable)
+            };
+            KernelChoice { decode, prefill, prefill_from }
+        }
         LayerSpec::Dense { bf16 } => {
             let prefill_from = DENSE_GEMV_MAX_ROWS + 1;
             let (decode, prefill) = match (f.avx2_fma(), bf16) {
@@ -178,17 +201,24 @@ pub(crate) enum BoundKernel {
     W4a8Avx2(Avx2Fma),
     W4a8Vnni(Avx512Vnni),
     W4a8Amx(AmxInt8),
+    W8a16DecodePortable,
+    W8a16DecodeAvx2(Avx2Fma),
+    W8a16DecodeAvx512(Avx512),
+    W8a16PrefillPortable,
+    W8a16PrefillAvx2(Avx2Fma),
+    W8a16PrefillAvx512(Avx512),
 }
 
 /// The one `match` from a kernel's name to the kernel with its token.
 fn bind(id: KernelId, caps: &IsaCaps) -> Result<BoundKernel, KernelError> {
     let missing = || KernelError::new(KernelErrorKind::Unavailable { kernel: id, missing: id.needs() });
     let avx2 = || Avx2Fma::with_caps(caps).ok_or_else(missing);
+    let avx512 = || Avx512::with_caps(caps).ok_or_else(missing);
     let bf16 = || Avx512Bf16::with_caps(caps).ok_or_else(missing);
     Ok(match id {
         KernelId::W4a16DecodePortable => BoundKernel::W4a16DecodePortable,
         KernelId::W4a16DecodeAvx2 => BoundKernel::W4a16DecodeAvx2(avx2()?),
-        KernelId::W4a16DecodeAvx512 => BoundKernel::W4a16DecodeAvx512(Avx512::with_caps(caps).ok_or_else(missing)?),
+        KernelId::W4a16DecodeAvx512 => BoundKernel::W4a16DecodeAvx512(avx512()?),
         KernelId::W4a16DecodeAvx512Bf16 => BoundKernel::W4a16DecodeAvx512Bf16(bf16()?),
         KernelId::W4a16PrefillPortable => BoundKernel::W4a16PrefillPortable,
         KernelId::W4a16PrefillDirectAvx2 => BoundKernel::W4a16PrefillDirectAvx2(avx2()?),
@@ -208,6 +238,12 @@ fn bind(id: KernelId, caps: &IsaCaps) -> Result<BoundKernel, KernelError> {
         KernelId::W4a8Avx2 => BoundKernel::W4a8Avx2(avx2()?),
         KernelId::W4a8Vnni => BoundKernel::W4a8Vnni(Avx512Vnni::with_caps(caps).ok_or_else(missing)?),
         KernelId::W4a8Amx => BoundKernel::W4a8Amx(AmxInt8::with_caps(caps).ok_or_else(missing)?),
+        KernelId::W8a16DecodePortable => BoundKernel::W8a16DecodePortable,
+        KernelId::W8a16DecodeAvx2 => BoundKernel::W8a16DecodeAvx2(avx2()?),
+        KernelId::W8a16DecodeAvx512 => BoundKernel::W8a16DecodeAvx512(avx512()?),
+        KernelId::W8a16PrefillPortable => BoundKernel::W8a16PrefillPortable,
+        KernelId::W8a16PrefillAvx2 => BoundKernel::W8a16PrefillAvx2(avx2()?),
+        KernelId::W8a16PrefillAvx512 => BoundKernel::W8a16PrefillAvx512(avx512()?),
     })
 }
 
@@ -235,6 +271,12 @@ impl BoundKernel {
             BoundKernel::W4a8Avx2(_) => KernelId::W4a8Avx2,
             BoundKernel::W4a8Vnni(_) => KernelId::W4a8Vnni,
             BoundKernel::W4a8Amx(_) => KernelId::W4a8Amx,
+            BoundKernel::W8a16DecodePortable => KernelId::W8a16DecodePortable,
+            BoundKernel::W8a16DecodeAvx2(_) => KernelId::W8a16DecodeAvx2,
+            BoundKernel::W8a16DecodeAvx512(_) => KernelId::W8a16DecodeAvx512,
+            BoundKernel::W8a16PrefillPortable => KernelId::W8a16PrefillPortable,
+            BoundKernel::W8a16PrefillAvx2(_) => KernelId::W8a16PrefillAvx2,
+            BoundKernel::W8a16PrefillAvx512(_) => KernelId::W8a16PrefillAvx512,
         }
     }
 }
@@ -352,6 +394,34 @@ mod tests {
         assert_eq!((amx.for_rows(15), amx.for_rows(16), amx.prefill_from), (W4a8Vnni, W4a8Amx, W4A8_AMX_MIN_ROWS));
         // AMX without VNNI for the decode half is not taken.
         assert_eq!(choose(set(AVX2).with(Feature::AmxInt8), spec).prefill, W4a8Avx2);
+    }
+
+    #[test]
+    fn w8a16_takes_the_widest_registers_each_cpu_class_has() {
+        use KernelId::*;
+        let spec = LayerSpec::W8a16 { prefill_from: W8A16_PREFILL_FROM_ROWS };
+        let cases: &[(&[Feature], KernelId, KernelId)] = &[
+            (&[], W8a16DecodePortable, W8a16PrefillPortable),
+            (AVX2, W8a16DecodeAvx2, W8a16PrefillAvx2),
+            (SKYLAKE, W8a16DecodeAvx512, W8a16PrefillAvx512),
+            (ZEN4, W8a16DecodeAvx512, W8a16PrefillAvx512),
+            // AVX-512 without FMA or AVX2 (a capped process) is not an AVX-512 CPU to these kernels.
+            (&[Feature::Avx512, Feature::Avx2], W8a16DecodePortable, W8a16PrefillPortable),
+        ];
+        for &(features, decode, prefill) in cases {
+            let c = choose(set(features), spec);
+            assert_eq!(
+                (c.decode, c.prefill, c.prefill_from),
+                (decode, prefill, W8A16_PREFILL_FROM_ROWS),
+                "{features:?}"
+            );
+            assert_eq!(
+                (c.for_rows(W8A16_PREFILL_FROM_ROWS - 1), c.for_rows(W8A16_PREFILL_FROM_ROWS)),
+                (decode, prefill)
+            );
+        }
+        // AMX adds nothing to these kernels.
+        assert_eq!(choose(set(ZEN4).with(Feature::AmxInt8).with(Feature::AmxBf16), spec).level(), IsaLevel::Avx512);
     }
 
     #[test]

@@ -49,11 +49,23 @@ pub enum KernelId {
     W4a8Vnni,
     /// W4A8, AMX tiles (`tdpbsud`).
     W4a8Amx,
+    /// W8A16 (int8 codes, f32 activations) decode GEMV, portable Rust (`f32::mul_add` on sixteen lanes).
+    W8a16DecodePortable,
+    /// W8A16 decode GEMV, AVX2 + FMA (the sixteen lanes as two 8-wide registers).
+    W8a16DecodeAvx2,
+    /// W8A16 decode GEMV, AVX-512 (the sixteen lanes as one register).
+    W8a16DecodeAvx512,
+    /// W8A16 prefill (a tile of activation rows per pass over each weight row), portable Rust.
+    W8a16PrefillPortable,
+    /// W8A16 prefill, AVX2 + FMA.
+    W8a16PrefillAvx2,
+    /// W8A16 prefill, AVX-512.
+    W8a16PrefillAvx512,
 }
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 20] = [
+    pub const ALL: [KernelId; 26] = [
         KernelId::W4a16DecodeAvx2,
         KernelId::W4a16DecodeAvx512,
         KernelId::W4a16DecodeAvx512Bf16,
@@ -74,6 +86,12 @@ impl KernelId {
         KernelId::W4a8Avx2,
         KernelId::W4a8Vnni,
         KernelId::W4a8Amx,
+        KernelId::W8a16DecodePortable,
+        KernelId::W8a16DecodeAvx2,
+        KernelId::W8a16DecodeAvx512,
+        KernelId::W8a16PrefillPortable,
+        KernelId::W8a16PrefillAvx2,
+        KernelId::W8a16PrefillAvx512,
     ];
 
     /// The kernel called `name` ([`KernelId::name`]).
@@ -93,7 +111,9 @@ impl KernelId {
                 | KernelId::DenseBf16GemmAvx2
                 | KernelId::DenseF32GemvAvx2
                 | KernelId::DenseF32GemmAvx2
-                | KernelId::W4a8Avx2 => IsaLevel::Avx2,
+                | KernelId::W4a8Avx2
+                | KernelId::W8a16DecodeAvx2
+                | KernelId::W8a16PrefillAvx2 => IsaLevel::Avx2,
                 KernelId::W4a16PrefillAmxBf16 | KernelId::W4a8Amx => IsaLevel::Amx,
                 _ => IsaLevel::Avx512,
             },
@@ -108,7 +128,9 @@ impl KernelId {
             | KernelId::W4a16PrefillPortable
             | KernelId::Wna16Portable
             | KernelId::DensePortable
-            | KernelId::W4a8Portable => "",
+            | KernelId::W4a8Portable
+            | KernelId::W8a16DecodePortable
+            | KernelId::W8a16PrefillPortable => "",
             KernelId::W4a16DecodeAvx2
             | KernelId::W4a16PrefillDirectAvx2
             | KernelId::W4a16PrefillHalvesAvx2
@@ -116,8 +138,10 @@ impl KernelId {
             | KernelId::DenseBf16GemmAvx2
             | KernelId::DenseF32GemvAvx2
             | KernelId::DenseF32GemmAvx2
-            | KernelId::W4a8Avx2 => "AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
-            KernelId::W4a16DecodeAvx512 => {
+            | KernelId::W4a8Avx2
+            | KernelId::W8a16DecodeAvx2
+            | KernelId::W8a16PrefillAvx2 => "AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
+            KernelId::W4a16DecodeAvx512 | KernelId::W8a16DecodeAvx512 | KernelId::W8a16PrefillAvx512 => {
                 "AVX-512 F/BW/VL, AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)"
             }
             KernelId::W4a16DecodeAvx512Bf16
@@ -158,6 +182,12 @@ impl KernelId {
             KernelId::W4a8Avx2 => "w4a8-avx2",
             KernelId::W4a8Vnni => "w4a8-vnni",
             KernelId::W4a8Amx => "w4a8-amx",
+            KernelId::W8a16DecodePortable => "w8a16-decode-portable",
+            KernelId::W8a16DecodeAvx2 => "w8a16-decode-avx2",
+            KernelId::W8a16DecodeAvx512 => "w8a16-decode-avx512",
+            KernelId::W8a16PrefillPortable => "w8a16-prefill-portable",
+            KernelId::W8a16PrefillAvx2 => "w8a16-prefill-avx2",
+            KernelId::W8a16PrefillAvx512 => "w8a16-prefill-avx512",
         }
     }
 }

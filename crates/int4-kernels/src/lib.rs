@@ -6,6 +6,8 @@
 //!   prefill that dequantizes straight from the packed layout into bf16 panels for a GEMM at or above it;
 //! * [`dense`] — unquantized bf16 and f32 weights (the speed baseline and the fidelity reference path);
 //! * [`w4a8`] — int8 activations and 4-bit weights: AVX2, AVX-512 VNNI and AMX tiles, and portable Rust;
+//! * [`w8a16`] — a checkpoint's int8 codes (GGUF Q8_0, Q5_0) with a scale per 32 inputs, against f32
+//!   activations: one documented f32 order that every variant follows, so every CPU gets the same bits;
 //! * [`tile`] — the interface over Intel AMX's tile instructions that the W4A8 and the W4A16 AMX-BF16
 //!   kernels are written against, and a bit-exact software emulator of it; [`AmxTiles`] is the hardware
 //!   unit, built only from an AMX capability token;
@@ -29,9 +31,10 @@
 //! thread count.
 //!
 //! W4A16 has portable, AVX2 + FMA, AVX-512 (f32 FMA and AVX512-BF16) and AMX-BF16 kernels; W4A8 has
-//! portable, AVX2, AVX-512 VNNI and AMX kernels. Where a machine lacks AVX-512 VNNI, the VNNI kernel is
-//! tested under an emulated AVX-512 CPU (`scripts/avx512-emulator.sh`); both AMX tilings are tested on the
-//! tile emulator, and the AMX instructions themselves await an AMX host.
+//! portable, AVX2, AVX-512 VNNI and AMX kernels; W8A16 has portable, AVX2 + FMA and AVX-512 kernels.
+//! Where a machine lacks AVX-512 VNNI, the VNNI kernel is tested under an emulated AVX-512 CPU
+//! (`scripts/avx512-emulator.sh`); both AMX tilings are tested on the tile emulator, and the AMX
+//! instructions themselves await an AMX host.
 #![deny(missing_docs)]
 
 pub mod budget;
@@ -51,6 +54,7 @@ pub mod tile;
 pub mod vector;
 pub mod w4a16;
 pub mod w4a8;
+pub mod w8a16;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 

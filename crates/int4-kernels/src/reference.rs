@@ -4,6 +4,10 @@
 //! deliberately separate from the portable fallback ([`crate::portable`]): the fallback is a kernel with its
 //! own error budget, the reference is the definition. Weights come from [`int4_layout::dequantize`] (the
 //! crate-wide rule); activations are taken as given (bf16 activations are converted to f32 exactly first).
+//!
+//! Where a kernel family defines its arithmetic as one f32 order that every variant follows (W4A8's
+//! epilogue, [`w4a8`]; W8A16, [`w8a16`]), the reference is that order, checked bit for bit, and W8A16 has
+//! an f64 twin ([`w8a16_f64`]) that bounds it.
 
 use int4_layout::{Codes, GroupParams};
 
@@ -97,4 +101,70 @@ pub fn w4a8(o: &W4a8Operands) -> Vec<f32> {
         }
     }
     out
+}
+
+/// The W8A16 definition (`crate::w8a16`'s module docs): `y[m][n]` for codes `[N][K]`, scales `[N][K/32]`,
+/// computed in exactly the documented f32 order — per output sixteen lanes, per group
+/// `t = fma(q(16 + j), x(16 + j), q(j)·x(j))` and `acc[j] = fma(d, t, acc[j])`, then the pairwise tree
+/// `8 + 8, 4 + 4, 2 + 2, 1 + 1` and the bias. Not f64: every kernel must give these bits, so this is
+/// the order itself, written as naive loops. [`w8a16_f64`] is the exact value it approximates.
+pub fn w8a16(x: &[f32], m: usize, codes: &[i8], scales: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    assert!(k.is_multiple_of(32), "W8A16 rows are whole groups of 32");
+    let groups = k / 32;
+    assert_eq!(x.len(), m * k, "activations must be [M][K]");
+    assert_eq!(codes.len(), n * k, "codes must be [N][K]");
+    assert_eq!(scales.len(), n * groups, "scales must be [N][K/32]");
+    let mut y = vec![0.0f32; m * n];
+    for row in 0..m {
+        for col in 0..n {
+            let mut acc = [0.0f32; 16];
+            for g in 0..groups {
+                let d = scales[col * groups + g];
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let (lo, hi) = (32 * g + j, 32 * g + 16 + j);
+                    let q = |kk: usize| f32::from(codes[col * k + kk]);
+                    let xv = |kk: usize| x[row * k + kk];
+                    let t = q(hi).mul_add(xv(hi), q(lo) * xv(lo));
+                    *a = d.mul_add(t, *a);
+                }
+            }
+            for width in [8, 4, 2, 1] {
+                for j in 0..width {
+                    acc[j] += acc[j + width];
+                }
+            }
+            y[row * n + col] = match bias {
+                Some(b) => acc[0] + b[col],
+                None => acc[0],
+            };
+        }
+    }
+    y
+}
+
+/// `y[m][n] = Σ_k x[m][k]·d[n][k/32]·q[n][k] + bias[n]` in f64 (each `d·q` exact, each product and sum
+/// rounded to f64): what [`w8a16`] approximates, for the error budget [`crate::budget::w8a16_bound`].
+pub fn w8a16_f64(
+    x: &[f32],
+    m: usize,
+    codes: &[i8],
+    scales: &[f32],
+    n: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f64> {
+    assert!(k.is_multiple_of(32), "W8A16 rows are whole groups of 32");
+    let groups = k / 32;
+    assert_eq!(x.len(), m * k, "activations must be [M][K]");
+    assert_eq!(codes.len(), n * k, "codes must be [N][K]");
+    assert_eq!(scales.len(), n * groups, "scales must be [N][K/32]");
+    let mut y = vec![0.0f64; m * n];
+    for row in 0..m {
+        for col in 0..n {
+            let w = |kk: usize| f64::from(scales[col * groups + kk / 32]) * f64::from(codes[col * k + kk]);
+            let sum: f64 = (0..k).map(|kk| f64::from(x[row * k + kk]) * w(kk)).sum();
+            y[row * n + col] = sum + bias.map_or(0.0, |b| f64::from(b[col]));
+        }
+    }
+    y
 }

@@ -528,12 +528,81 @@ fn int8_activations_cost_little_against_the_same_four_bit_weights() {
     }
 }
 
+/// Every kernel runs `weights` (signed codes `q` `[N][K]`, scales `d` `[G][N]`) as the two planes'
+/// reference outputs added, bit for bit, and within the f32 budget of the exact `Σ xq·q·a_s·d` (per-group
+/// activation scales), with a bias, at M = 1, 3 and 17.
+#[allow(clippy::too_many_arguments)]
+fn check_eight_bit_layer(
+    weights: &int4_kernels::w4a8::int8::Int8Weights,
+    q: &[i8],
+    d: &[f32],
+    n: usize,
+    k: usize,
+    group: GroupSize,
+    kernels: &[(BoundKernels, &'static str)],
+    rng: &mut Rng,
+) {
+    use int4_kernels::w4a8::int8::Int8Linear;
+    let (g_len, groups) = (group.len(k), group.groups(k));
+    let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+    for m in [1, 3, 17] {
+        let x = rng.activations(m, k);
+        let a = quantize_activations(&x, m, weights.lo(), ActivationScales::PerGroup).unwrap();
+        let plane = |p: &W4A8Weights, bias: Option<&[f32]>| {
+            let codes = Codes::from_fn(n, k, |r, c| p.code(r, c)).unwrap();
+            let (scales_gn, zeros_gn) = (p.scales_gn(), p.zeros_gn());
+            reference::w4a8(&reference::W4a8Operands {
+                xq: &a.data,
+                m,
+                k_padded: a.k_padded,
+                a_scales: &a.scales,
+                codes: &codes,
+                scales_gn: &scales_gn,
+                zero_points_gn: zeros_gn.as_deref(),
+                offsets_gn: None,
+                g_len,
+                bias,
+            })
+        };
+        let hi = plane(weights.hi(), Some(&bias));
+        let want: Vec<f32> = hi.iter().zip(plane(weights.lo(), None)).map(|(h, l)| h + l).collect();
+        for (i, &got) in want.iter().enumerate() {
+            let (r, c) = (i / n, i % n);
+            // Each plane's terms round as a W4A8 layer's do ((2·groups + 1)·u of its own magnitudes,
+            // the bias counted with the high plane), then one addition rounds the total.
+            let (mut exact, mut mag) = (f64::from(bias[c]), f64::from(bias[c]).abs());
+            for g in 0..groups {
+                let scale = f64::from(a.scales[r * groups + g]) * f64::from(d[g * n + c]);
+                let (mut hi, mut lo) = (0i64, 0i64);
+                for kk in g * g_len..((g + 1) * g_len).min(k) {
+                    let (x, u) = (i64::from(a.data[r * a.k_padded + kk]), i64::from(q[c * k + kk]) + 128);
+                    hi += x * 16 * (u / 16 - 8);
+                    lo += x * (u % 16);
+                }
+                exact += (hi + lo) as f64 * scale;
+                mag += (hi.abs() + lo.abs()) as f64 * scale.abs();
+            }
+            let budget = ((2 * groups + 1) as f64 * mag + exact.abs()) * int4_kernels::budget::U_F32;
+            assert!((f64::from(got) - exact).abs() <= budget, "N={n} M={m} output {i}: {got} vs {exact}");
+        }
+        for &(kernel, name) in kernels {
+            let l = Int8Linear::with_kernels(weights.clone(), Some(bias.clone()), kernel).unwrap();
+            let mut out = vec![f32::NAN; m * n];
+            l.forward(&x, m, &mut out).unwrap();
+            assert!(
+                out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: N={n} K={k} M={m}: not bit-identical"
+            );
+        }
+    }
+}
+
 /// 8-bit weights as two 4-bit planes: every kernel gives the two planes' reference outputs added, bit for
 /// bit, and stays within the f32 budget of the exact `Σ xq·q·a_s·s`; a Q8_0-style tensor (`d·q`, every
 /// group reaching ±127) is found again exactly; the embedding lookup decodes `q·s`.
 #[test]
 fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
-    use int4_kernels::w4a8::int8::{Int8Linear, Int8Weights};
+    use int4_kernels::w4a8::int8::Int8Weights;
     let kernels = runnable_kernels("eight_bit_weights_run_on_the_four_bit_kernels_exactly");
     let mut rng = Rng::new(31);
     for (n, k, group) in [(16, 64, GroupSize::G32), (48, 200, GroupSize::G32), (144, 576, GroupSize::G128)] {
@@ -564,57 +633,7 @@ fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
         for (i, &di) in d.iter().enumerate() {
             assert_eq!(weights.lo().scale(i / n, i % n), di, "the scales are Q8_0's own");
         }
-        let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
-        for m in [1, 3, 17] {
-            let x = rng.activations(m, k);
-            let a = quantize_activations(&x, m, weights.lo(), ActivationScales::PerGroup).unwrap();
-            let plane = |p: &W4A8Weights, bias: Option<&[f32]>| {
-                let codes = Codes::from_fn(n, k, |r, c| p.code(r, c)).unwrap();
-                let (scales_gn, zeros_gn) = (p.scales_gn(), p.zeros_gn());
-                reference::w4a8(&reference::W4a8Operands {
-                    xq: &a.data,
-                    m,
-                    k_padded: a.k_padded,
-                    a_scales: &a.scales,
-                    codes: &codes,
-                    scales_gn: &scales_gn,
-                    zero_points_gn: zeros_gn.as_deref(),
-                    offsets_gn: None,
-                    g_len,
-                    bias,
-                })
-            };
-            let hi = plane(weights.hi(), Some(&bias));
-            let want: Vec<f32> = hi.iter().zip(plane(weights.lo(), None)).map(|(h, l)| h + l).collect();
-            for (i, &got) in want.iter().enumerate() {
-                let (r, c) = (i / n, i % n);
-                // Each plane's terms round as a W4A8 layer's do ((2·groups + 1)·u of its own magnitudes,
-                // the bias counted with the high plane), then one addition rounds the total.
-                let (mut exact, mut mag) = (f64::from(bias[c]), f64::from(bias[c]).abs());
-                for g in 0..groups {
-                    let scale = f64::from(a.scales[r * groups + g]) * f64::from(d[g * n + c]);
-                    let (mut hi, mut lo) = (0i64, 0i64);
-                    for kk in g * g_len..((g + 1) * g_len).min(k) {
-                        let (x, u) = (i64::from(a.data[r * a.k_padded + kk]), i64::from(q[c * k + kk]) + 128);
-                        hi += x * 16 * (u / 16 - 8);
-                        lo += x * (u % 16);
-                    }
-                    exact += (hi + lo) as f64 * scale;
-                    mag += (hi.abs() + lo.abs()) as f64 * scale;
-                }
-                let budget = ((2 * groups + 1) as f64 * mag + exact.abs()) * int4_kernels::budget::U_F32;
-                assert!((f64::from(got) - exact).abs() <= budget, "N={n} M={m} output {i}: {got} vs {exact}");
-            }
-            for &(kernel, name) in &kernels {
-                let l = Int8Linear::with_kernels(weights.clone(), Some(bias.clone()), kernel).unwrap();
-                let mut out = vec![f32::NAN; m * n];
-                l.forward(&x, m, &mut out).unwrap();
-                assert!(
-                    out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{name}: N={n} K={k} M={m}: not bit-identical"
-                );
-            }
-        }
+        check_eight_bit_layer(&weights, &q, &d, n, k, group, &kernels, &mut rng);
     }
     // Bad input is an error, not a wrong answer.
     let err = |r: Result<Int8Weights, int4_kernels::KernelError>| r.unwrap_err().to_string();
@@ -623,4 +642,79 @@ fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
     let ok = Int8Weights::pack(&[5; 16 * 32], &[0.5; 16], 16, 32, GroupSize::G32).unwrap();
     assert!(err(Int8Weights::from_planes(ok.lo().clone(), ok.hi().clone())).contains("8-bit pair"));
     assert!(Int8Weights::from_planes(ok.hi().clone(), ok.lo().clone()).is_ok());
+}
+
+/// A checkpoint's own 8-bit codes and scales (`Int8Weights::from_codes`, scales `[N][G]`) make the planes
+/// `quantize` makes for the same grid, byte for byte.
+#[test]
+fn eight_bit_codes_from_a_checkpoint_make_the_planes_quantize_makes() {
+    use int4_kernels::w4a8::int8::Int8Weights;
+    let mut rng = Rng::new(37);
+    for (n, k, group) in [(16, 64, GroupSize::G32), (48, 200, GroupSize::G32), (144, 576, GroupSize::G128)] {
+        let groups = group.groups(k);
+        let quantized = Int8Weights::quantize(&rng.weights(n, k), n, k, group).unwrap();
+        let codes: Vec<i8> = (0..n * k).map(|i| quantized.code(i / k, i % k)).collect();
+        let scales: Vec<f32> = (0..n * groups).map(|i| quantized.lo().scale(i % groups, i / groups)).collect();
+        let given = Int8Weights::from_codes(&codes, &scales, n, k, group).unwrap();
+        for (plane, a, b) in [("high", quantized.hi(), given.hi()), ("low", quantized.lo(), given.lo())] {
+            let what = format!("N={n} K={k} {group:?}: the {plane} plane");
+            assert_eq!((a.n(), a.k(), a.group_len(), a.groups()), (b.n(), b.k(), b.group_len(), b.groups()), "{what}");
+            assert_eq!(&a.packed()[..], &b.packed()[..], "{what}'s codes");
+            assert_eq!(a.scales_le_bytes(), b.scales_le_bytes(), "{what}'s scales");
+            assert_eq!(a.zeros(), b.zeros(), "{what}'s zero points");
+            assert_eq!(a.offsets(), b.offsets(), "{what}'s offsets");
+        }
+    }
+}
+
+/// Codes over the whole i8 range, −128 included, with negative (and zero) scales: the stored codes and
+/// the decoded weights `d·q` come back exactly, and every kernel runs the layer as the two planes'
+/// references added, bit for bit, within the 8-bit path's budget of the exact sum. Bad input is an error.
+#[test]
+fn eight_bit_codes_with_minus_128_and_negative_scales_run_exactly() {
+    use int4_kernels::w4a8::int8::Int8Weights;
+    let kernels = runnable_kernels("eight_bit_codes_with_minus_128_and_negative_scales_run_exactly");
+    let mut rng = Rng::new(41);
+    for (n, k, group) in [(16, 32, GroupSize::G32), (32, 96, GroupSize::G32), (48, 576, GroupSize::G32)] {
+        let groups = group.groups(k);
+        let mut q: Vec<i8> = (0..n * k).map(|_| rng.next_u64() as i8).collect();
+        for row in 0..n {
+            q[row * k + row % k] = i8::MIN;
+            q[row * k + (row + 5) % k] = i8::MAX;
+        }
+        // `[N][G]`, as a GGUF file holds them: f16 values, half of them negative, some zero.
+        let scales: Vec<f32> = (0..n * groups)
+            .map(|i| match i % 7 {
+                0 => 0.0,
+                1 => half::f16::from_bits(0x8001).to_f32(),
+                _ => {
+                    let d = half::f16::from_f32(0.001 + 0.01 * rng.normal().abs()).to_f32();
+                    if i % 2 == 0 { -d } else { d }
+                }
+            })
+            .collect();
+        let weights = Int8Weights::from_codes(&q, &scales, n, k, group).unwrap();
+        let mut row = vec![f32::NAN; k];
+        for r in 0..n {
+            weights.decode_row(r, &mut row).unwrap();
+            for (kk, &v) in row.iter().enumerate() {
+                assert_eq!(weights.code(r, kk), q[r * k + kk], "N={n} K={k}: code ({r}, {kk})");
+                let want = f32::from(q[r * k + kk]) * scales[r * groups + kk / group.len(k)];
+                assert_eq!(v.to_bits(), want.to_bits(), "N={n} K={k}: weight ({r}, {kk}) is d·q");
+            }
+        }
+        let d_gn: Vec<f32> = (0..groups * n).map(|i| scales[(i % n) * groups + i / n]).collect();
+        check_eight_bit_layer(&weights, &q, &d_gn, n, k, group, &kernels, &mut rng);
+    }
+    let err = |r: Result<Int8Weights, int4_kernels::KernelError>| r.unwrap_err().to_string();
+    let g32 = GroupSize::G32;
+    assert!(err(Int8Weights::from_codes(&[0; 16 * 32], &[1.0; 15], 16, 32, g32)).contains("scales [N][G]"));
+    assert!(err(Int8Weights::from_codes(&[0; 16 * 31], &[1.0; 16], 16, 32, g32)).contains("codes [N][K]"));
+    assert!(err(Int8Weights::from_codes(&[0; 8 * 32], &[1.0; 8], 8, 32, g32)).contains("multiple of 16"));
+    let mut bad = vec![1.0; 32];
+    bad[17] = f32::INFINITY;
+    assert!(err(Int8Weights::from_codes(&[0; 16 * 64], &bad, 16, 64, g32)).contains("row 8, group 1 is inf"));
+    bad[17] = f32::MAX / 8.0;
+    assert!(err(Int8Weights::from_codes(&[0; 16 * 64], &bad, 16, 64, g32)).contains("below f32::MAX/16"));
+    assert!(err(Int8Weights::from_codes(&[], &[], usize::MAX / 8, 64, g32)).contains("overflow"));
 }

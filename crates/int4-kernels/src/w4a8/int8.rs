@@ -4,12 +4,15 @@
 //! table too), and checkpoints that care ship it in 8 bits (llama.cpp's Q4 files keep it in Q8_0). Running
 //! it through the W4A8 kernels rather than a kernel of its own keeps one set of tested SIMD and tile code.
 //!
-//! A signed code `q ∈ −127..=127` with scale `s` is stored as `u = q + 128 = 16·hi + lo`, `hi, lo ∈ 0..16`,
+//! A signed code `q ∈ −128..=127` with scale `s` is stored as `u = q + 128 = 16·hi + lo`, `hi, lo ∈ 0..16`,
 //! so `w = s·q = 16s·(hi − 8) + s·lo`: two W4A8 layers over the same int8 activations, the high plane
 //! symmetric (zero point 8) with scale `16s` (exact: a power-of-two multiple), the low plane with zero
 //! point 0 and scale `s`. Each plane's integer sums are exact; the two planes' f32 outputs are added, one
 //! more rounding. The planes together hold 8 bits per weight, as one 8-bit code would: the price is twice
 //! the dot-product instructions, which decode (memory-bound) barely sees.
+//!
+//! The weights come from f32 ([`Int8Weights::quantize`], codes `−127..=127` on Q8_0's grid) or from a
+//! checkpoint's stored codes and scales, taken exactly ([`Int8Weights::from_codes`], codes `−128..=127`).
 
 use int4_layout::{Codes, GroupSize};
 
@@ -58,6 +61,38 @@ impl Int8Weights {
         if q.contains(&i8::MIN) {
             return Err(KernelError::invalid("an 8-bit code is -128; codes are -127..=127"));
         }
+        Self::planes(q, scales_gn, n, k, group)
+    }
+
+    /// The weights from a checkpoint's own 8-bit grid, exactly: signed codes `codes` (`[n][k]`, every
+    /// value in `−128..=127`, GGUF Q8_0's range) and per-group scales `scales` (`[n][G]`, one row of
+    /// `G = ⌈k/group⌉` per output channel, as GGUF stores them and
+    /// [`W8A16Weights`](crate::w8a16::W8A16Weights) takes them; each finite, as is 16 times it, the high
+    /// plane's scale), so that the layer's weight is
+    /// `scales[n][g]·codes[n][k]`. `n` must be a positive multiple of 16, as for [`Self::quantize`] (pad
+    /// with zero codes). For the codes and scales [`Self::quantize`] found, the planes are the same bytes.
+    ///
+    /// Unlike [`Self::pack`], `−128` is taken: it is `u = 0`, both planes' code 0, `16s·(0 − 8) + s·0`.
+    pub fn from_codes(codes: &[i8], scales: &[f32], n: usize, k: usize, group: GroupSize) -> Result<Self, KernelError> {
+        let overflow = || KernelError::invalid(format!("8-bit weights of {n} × {k} codes overflow the address space"));
+        check_len("8-bit codes [N][K]", n.checked_mul(k).ok_or_else(overflow)?, codes.len())?;
+        let groups = group.groups(k);
+        check_len("8-bit scales [N][G]", n.checked_mul(groups).ok_or_else(overflow)?, scales.len())?;
+        // The high plane's scale is 16·d: it must be finite too.
+        if let Some(i) = scales.iter().position(|d| !(16.0 * d).is_finite()) {
+            return Err(KernelError::invalid(format!(
+                "the scale of row {}, group {} is {}; scales must be finite, and below f32::MAX/16 in magnitude",
+                i / groups,
+                i % groups,
+                scales[i]
+            )));
+        }
+        let scales_gn: Vec<f32> = (0..groups * n).map(|i| scales[(i % n) * groups + i / n]).collect();
+        Self::planes(codes, &scales_gn, n, k, group)
+    }
+
+    /// The two planes of signed codes `q` (`[n][k]`, any i8) with scales `scales_gn` (`[G][N]`).
+    fn planes(q: &[i8], scales_gn: &[f32], n: usize, k: usize, group: GroupSize) -> Result<Self, KernelError> {
         let u = |i: usize| (i16::from(q[i]) + 128) as u8;
         let hi = Codes::from_fn(n, k, |r, c| u(r * k + c) >> 4)?;
         let lo = Codes::from_fn(n, k, |r, c| u(r * k + c) & 15)?;

@@ -50,7 +50,7 @@ use int4_layout::w4a8 as layout_w4a8;
 use int4_layout::{Codes, GroupSize};
 use rayon::prelude::*;
 
-use crate::bytes::SharedBytes;
+use crate::bytes::{Floats, SharedBytes};
 use crate::choice::{self, BoundKernel, BoundKernels, LayerSpec};
 use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
@@ -157,33 +157,6 @@ pub fn quantize_activations(
         data.chunks_mut(kp).zip(scales.chunks_mut(g1)).zip(sums.chunks_mut(g1)).enumerate().for_each(quantize_row);
     }
     Ok(QuantizedActivations { m, k_padded: kp, data, scales, sums })
-}
-
-/// f32 values read in place from shared bytes when aligned, else decoded into a vector.
-#[derive(Clone, Debug)]
-enum Floats {
-    Mapped(SharedBytes),
-    Owned(Vec<f32>),
-}
-
-impl Floats {
-    fn new(bytes: SharedBytes) -> Result<Self, KernelError> {
-        if !bytes.len().is_multiple_of(4) {
-            return Err(KernelError::shape("scale bytes", bytes.len().next_multiple_of(4), bytes.len()));
-        }
-        if cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(&bytes).is_ok() {
-            Ok(Floats::Mapped(bytes))
-        } else {
-            Ok(Floats::Owned(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
-        }
-    }
-
-    fn as_slice(&self) -> &[f32] {
-        match self {
-            Floats::Mapped(b) => bytemuck::cast_slice(b),
-            Floats::Owned(v) => v,
-        }
-    }
 }
 
 /// 4-bit weights for the W4A8 kernels (layout in the module docs).

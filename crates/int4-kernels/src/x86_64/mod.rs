@@ -7,3 +7,4 @@ pub mod amx_probe;
 pub mod avx2;
 pub mod avx512;
 pub mod w4a8;
+pub mod w8a16;
