@@ -2,11 +2,13 @@
 //!
 //! The project's default model ships only as a GGUF, so we read it ourselves rather than depend on a C++
 //! library: the header, every metadata value type (nested arrays included), the tensor table, and exact
-//! dequantization of the types that model uses (F32, F16, Q4_0, Q4_1, Q8_0) to f32. [`GgufFile::q4_1_blocks`]
-//! also hands out the raw Q4_1 codes with each block's `d` and `m`, so a test can check that a W4A16
-//! layout at group size 32 reproduces the GGUF weights bit for bit.
+//! dequantization to f32 of the types the runtime loads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0).
+//! [`GgufFile::blocks`] hands out a block-quantized tensor's codes and per-block parameters as stored, so
+//! the runtime packs them into its own layouts without a detour through f32 (and a test can check that a
+//! layout reproduces the GGUF weights bit for bit).
 //!
-//! The file is read into memory whole (no memory map, so no `unsafe`). A GGUF is untrusted input: every
+//! [`GgufFile::open`] maps the file read-only rather than reading it: a model's weights are paged in as
+//! the runtime packs them, and a 7B file never becomes a 4 GB heap allocation. A GGUF is untrusted input: every
 //! count and length is checked against the bytes that remain before anything is allocated for it, every
 //! tensor's extent is checked against the file size at open, nesting of arrays is bounded, and bad input
 //! is an error ([`GgufError`], naming the file and the field or tensor) — never a panic.
@@ -21,7 +23,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use half::f16;
+use half::{bf16, f16};
+use memmap2::Mmap;
 
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -48,7 +51,7 @@ macro_rules! ggml_types {
         /// A ggml tensor element type, with ggml's names and numeric ids.
         ///
         /// Every type ggml defines is known here (so the size of any tensor can be checked against the file);
-        /// [`GgufFile::tensor_f32`] dequantizes only F32, F16, Q4_0, Q4_1 and Q8_0.
+        /// [`GgufFile::tensor_f32`] dequantizes only F32, F16, BF16, Q4_0, Q4_1, Q5_0 and Q8_0.
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[non_exhaustive]
@@ -105,7 +108,7 @@ ggml_types! {
     Q4_0 = 2, "q4_0", 32, 18;
     /// Blocks of 32: f16 scale `d`, f16 minimum `m`, 16 bytes of 4-bit codes; `w = q * d + m`.
     Q4_1 = 3, "q4_1", 32, 20;
-    /// Blocks of 32, 5-bit, symmetric.
+    /// Blocks of 32: f16 scale `d`, 32 fifth bits, 16 bytes of low nibbles; `w = (q - 16) * d`.
     Q5_0 = 6, "q5_0", 32, 22;
     /// Blocks of 32, 5-bit, with a minimum.
     Q5_1 = 7, "q5_1", 32, 24;
@@ -436,7 +439,7 @@ impl fmt::Display for GgufError {
                 write!(f, "tensor data [{start}, {end}) lies past the end of the file ({file_len} bytes)")?
             }
             GgufErrorKind::UnsupportedType(t) => {
-                write!(f, "cannot dequantize ggml type {t} (supported: f32, f16, q4_0, q4_1, q8_0)")?
+                write!(f, "ggml type {t} is not supported (f32, f16, bf16, q4_0, q4_1, q5_0, q8_0 are)")?
             }
             GgufErrorKind::WrongType { expected, found } => write!(f, "tensor is {found}, not {expected}")?,
             GgufErrorKind::NoSuchTensor => write!(f, "no such tensor")?,
@@ -455,10 +458,27 @@ impl std::error::Error for GgufError {
     }
 }
 
-/// A parsed GGUF file, its bytes held in memory.
+/// A file's bytes: mapped from the file, or held in memory.
+enum Bytes {
+    Mapped { map: Mmap, metadata: std::fs::Metadata },
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped { map, .. } => map,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// A parsed GGUF file, its bytes mapped from the file or held in memory.
 pub struct GgufFile {
     path: PathBuf,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     version: u32,
     metadata: Vec<(String, GgufValue)>,
     tensors: Vec<TensorInfo>,
@@ -481,20 +501,29 @@ impl fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Reads and parses the GGUF file at `path`, checking every tensor's extent against the file size.
+    /// Maps and parses the GGUF file at `path`, checking every tensor's extent against the file size.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
         // A regular file only: a FIFO or a device (`/dev/zero`) would block or never end.
-        let mut file =
-            int4_files::open_regular(path).map_err(|e| GgufError::new(path, GgufErrorKind::File(e), "open"))?;
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut file, &mut bytes)
-            .map_err(|e| GgufError::new(path, GgufErrorKind::Io(e), "read"))?;
-        GgufFile::from_bytes(path, bytes)
+        let file = int4_files::open_regular(path).map_err(|e| GgufError::new(path, GgufErrorKind::File(e), "open"))?;
+        let metadata = file.metadata().map_err(|e| GgufError::new(path, GgufErrorKind::Io(e), "stat"))?;
+        if metadata.len() == 0 {
+            // An empty file cannot be mapped; say what it is instead.
+            return GgufFile::parse(path.to_path_buf(), Bytes::Owned(Vec::new()));
+        }
+        // SAFETY: the mapping is read-only and private, and the file was checked to be a regular file. A
+        // model file modified or truncated underneath the process is outside what a mapped reader can
+        // defend against (the runtime registers the mapping with its SIGBUS report, which names the file);
+        // every read through the slice stays within the length the mapping was made with.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| GgufError::new(path, GgufErrorKind::Io(e), "map"))?;
+        GgufFile::parse(path.to_path_buf(), Bytes::Mapped { map, metadata })
     }
 
     /// Parses a GGUF held in memory; `path` is only used in error messages.
     pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
-        let path = path.into();
+        GgufFile::parse(path.into(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, bytes: Bytes) -> Result<GgufFile, GgufError> {
         let parsed = Parser { path: &path, buf: &bytes, pos: 0 }.parse()?;
         let tensor_index = parsed.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         Ok(GgufFile {
@@ -512,6 +541,20 @@ impl GgufFile {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The whole file, as mapped or held: what a content identity of the file hashes.
+    pub fn bytes_all(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The metadata (size, inode, times) of the descriptor that was mapped; `None` for a file parsed from
+    /// memory.
+    pub fn file_metadata(&self) -> Option<&std::fs::Metadata> {
+        match &self.bytes {
+            Bytes::Mapped { metadata, .. } => Some(metadata),
+            Bytes::Owned(_) => None,
+        }
     }
 
     /// The GGUF version (2 or 3).
@@ -567,46 +610,72 @@ impl GgufFile {
 
     /// Tensor `name` dequantized to f32, element for element as ggml's reference dequantizers compute it
     /// (scales widened from f16 to f32, then `q * d`, plus `m` for Q4_1). Elements are in GGUF order
-    /// (`dims[0]` fastest). Types other than F32, F16, Q4_0, Q4_1 and Q8_0 are an error.
+    /// (`dims[0]` fastest). Types other than F32, F16, BF16, Q4_0, Q4_1, Q5_0 and Q8_0 are an error.
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>, GgufError> {
         let t = self.find(name)?;
         let data = self.data_of(t);
         let n = t.n_elements() as usize;
-        let mut out = Vec::with_capacity(n);
-        match t.ggml_type {
-            GgmlType::F32 => {
-                out.extend(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-            }
-            GgmlType::F16 => {
-                out.extend(data.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()));
-            }
-            GgmlType::Q4_0 => {
-                for b in data.chunks_exact(18) {
-                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                    let qs = &b[2..18];
-                    out.extend(qs.iter().map(|&q| ((q & 0x0F) as i32 - 8) as f32 * d));
-                    out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
+        let out: Vec<f32> = match t.ggml_type {
+            GgmlType::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            GgmlType::F16 => data.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            GgmlType::BF16 => data.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            _ => {
+                let blocks = self.blocks(name)?;
+                let mut out = Vec::with_capacity(n);
+                for (b, codes) in blocks.codes.chunks_exact(BLOCK).enumerate() {
+                    let d = blocks.d[b];
+                    match (&blocks.m, blocks.ggml_type) {
+                        (Some(m), _) => out.extend(codes.iter().map(|&q| f32::from(q) * d + m[b])),
+                        (None, GgmlType::Q4_0) => out.extend(codes.iter().map(|&q| f32::from(q - 8) * d)),
+                        (None, _) => out.extend(codes.iter().map(|&q| f32::from(q) * d)),
+                    }
                 }
+                out
             }
-            GgmlType::Q4_1 => {
-                for b in data.chunks_exact(20) {
-                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                    let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
-                    let qs = &b[4..20];
-                    out.extend(qs.iter().map(|&q| (q & 0x0F) as f32 * d + m));
-                    out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
-                }
-            }
-            GgmlType::Q8_0 => {
-                for b in data.chunks_exact(34) {
-                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                    out.extend(b[2..34].iter().map(|&q| q as i8 as f32 * d));
-                }
-            }
-            other => return Err(GgufError::new(&self.path, GgufErrorKind::UnsupportedType(other), name)),
-        }
+        };
         debug_assert_eq!(out.len(), n);
         Ok(out)
+    }
+
+    /// The content of block-quantized tensor `name` (Q4_0, Q4_1, Q5_0 or Q8_0) as stored: one code per
+    /// element in GGUF order and each block's parameters widened to f32 (block `b` covers elements
+    /// `32 b .. 32 b + 32`). See [`QuantBlocks`] for what the codes mean per type.
+    pub fn blocks(&self, name: &str) -> Result<QuantBlocks, GgufError> {
+        let t = self.find(name)?;
+        let data = self.data_of(t);
+        let ty = t.ggml_type;
+        let n_blocks = match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => data.len() / ty.type_size() as usize,
+            other => return Err(GgufError::new(&self.path, GgufErrorKind::UnsupportedType(other), name)),
+        };
+        let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let mut codes = Vec::with_capacity(n_blocks * BLOCK);
+        let mut d = Vec::with_capacity(n_blocks);
+        let mut m = (ty == GgmlType::Q4_1).then(|| Vec::with_capacity(n_blocks));
+        for b in data.chunks_exact(ty.type_size() as usize) {
+            d.push(half(b, 0));
+            match ty {
+                GgmlType::Q4_0 => nibbles(&b[2..18], &mut codes),
+                GgmlType::Q4_1 => {
+                    if let Some(m) = m.as_mut() {
+                        m.push(half(b, 2));
+                    }
+                    nibbles(&b[4..20], &mut codes);
+                }
+                GgmlType::Q5_0 => {
+                    // Bit j of `qh` is the fifth bit of element j.
+                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                    let fifth = |j: usize| ((qh >> j) & 1) as i8 * 16;
+                    let start = codes.len();
+                    nibbles(&b[6..22], &mut codes);
+                    for (j, c) in codes[start..].iter_mut().enumerate() {
+                        *c = (*c | fifth(j)) - 16;
+                    }
+                }
+                _ => codes.extend(b[2..34].iter().map(|&q| q as i8)),
+            }
+        }
+        Ok(QuantBlocks { ggml_type: ty, codes, d, m })
     }
 
     /// The raw content of Q4_1 tensor `name`: one code (0..=15) per element in GGUF order, and each block's
@@ -619,19 +688,39 @@ impl GgufFile {
             let kind = GgufErrorKind::WrongType { expected: GgmlType::Q4_1, found: t.ggml_type };
             return Err(GgufError::new(&self.path, kind, name));
         }
-        let data = self.data_of(t);
-        let n_blocks = data.len() / 20;
-        let mut codes = Vec::with_capacity(n_blocks * 32);
-        let mut d = Vec::with_capacity(n_blocks);
-        let mut m = Vec::with_capacity(n_blocks);
-        for b in data.chunks_exact(20) {
-            d.push(f16::from_le_bytes([b[0], b[1]]).to_f32());
-            m.push(f16::from_le_bytes([b[2], b[3]]).to_f32());
-            codes.extend(b[4..20].iter().map(|&q| q & 0x0F));
-            codes.extend(b[4..20].iter().map(|&q| q >> 4));
-        }
-        Ok((codes, d, m))
+        let QuantBlocks { codes, d, m, .. } = self.blocks(name)?;
+        Ok((codes.into_iter().map(|q| q as u8).collect(), d, m.unwrap_or_default()))
     }
+}
+
+/// Elements per block of the block-quantized types [`GgufFile::blocks`] reads.
+const BLOCK: usize = 32;
+
+/// Appends the 32 four-bit codes of 16 packed bytes: element `j` is the low nibble of byte `j` for
+/// `j < 16` and the high nibble of byte `j − 16` after.
+fn nibbles(qs: &[u8], codes: &mut Vec<i8>) {
+    codes.extend(qs.iter().map(|&q| (q & 0x0F) as i8));
+    codes.extend(qs.iter().map(|&q| (q >> 4) as i8));
+}
+
+/// A block-quantized tensor's content as stored (see [`GgufFile::blocks`]).
+///
+/// | type | `codes` | weight |
+/// |---|---|---|
+/// | Q4_0 | `0..=15` | `d·(q − 8)` |
+/// | Q4_1 | `0..=15` | `d·q + m` |
+/// | Q5_0 | `−16..=15` (the stored 5-bit value minus 16) | `d·q` |
+/// | Q8_0 | `−128..=127` | `d·q` |
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantBlocks {
+    /// The tensor's type.
+    pub ggml_type: GgmlType,
+    /// One code per element, in GGUF order.
+    pub codes: Vec<i8>,
+    /// Each block's scale, widened from f16.
+    pub d: Vec<f32>,
+    /// Each block's minimum (Q4_1 only), widened from f16.
+    pub m: Option<Vec<f32>>,
 }
 
 struct Parsed {

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use int4_safetensors::{Dtype, FileLayout, FileWriter, TensorEntry};
 
-use crate::file::{GgmlType, GgufError, GgufFile, GgufValue};
+use crate::file::{GgmlType, GgufError, GgufFile, GgufValue, QuantBlocks};
 
 /// The version of this converter's output; `cargo xtask fetch-model` re-converts a directory written by
 /// another version.
@@ -203,52 +203,188 @@ struct Planned<'a> {
     permute: Permute,
 }
 
+/// One tensor of a [`GgufModel`], under its Hugging Face name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GgufTensor {
+    /// The GGUF name (`blk.0.attn_q.weight`).
+    pub gguf_name: String,
+    /// The Hugging Face name (`model.layers.0.self_attn.q_proj.weight`).
+    pub hf_name: String,
+    /// The type the GGUF stores it in.
+    pub ggml_type: GgmlType,
+    /// The Hugging Face shape (`[out, in]` for a weight, row-major).
+    pub shape: Vec<usize>,
+    /// For `q_proj`/`k_proj`: the heads whose rows llama.cpp interleaved (undone when read).
+    pub qk_heads: Option<usize>,
+}
+
+/// A Llama-architecture GGUF seen as a Hugging Face checkpoint: its tensors under Hugging Face names and
+/// shapes (the Q/K rows back in Hugging Face order), and the `config.json`, `tokenizer.json`,
+/// `tokenizer_config.json` and `generation_config.json` its metadata makes. Opening checks the
+/// architecture, the hyperparameters, the tokenizer and every tensor's name and shape; reading a tensor
+/// reads it from the mapped file, one at a time.
+pub struct GgufModel {
+    file: GgufFile,
+    hp: Hparams,
+    tok: TokenizerData,
+    tensors: Vec<GgufTensor>,
+    by_hf_name: HashMap<String, usize>,
+    tied: bool,
+}
+
+impl fmt::Debug for GgufModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GgufModel")
+            .field("path", &self.file.path())
+            .field("tensors", &self.tensors.len())
+            .field("tied", &self.tied)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GgufModel {
+    /// Maps and checks the GGUF at `path`.
+    pub fn open(path: &Path) -> Result<Self, ConvertError> {
+        Self::from_file(GgufFile::open(path)?)
+    }
+
+    /// Checks an opened GGUF: a Llama architecture, hyperparameters, a GPT-2 BPE tokenizer, and every
+    /// tensor named and shaped as the hyperparameters say.
+    pub fn from_file(file: GgufFile) -> Result<Self, ConvertError> {
+        let meta = Meta { file: &file };
+        let arch = meta.req_str("general.architecture")?;
+        if arch != "llama" {
+            return Err(meta.unsupported("general.architecture", format!("architecture {arch:?} (only \"llama\")")));
+        }
+        let hp = read_hparams(&meta)?;
+        let tok = read_tokenizer(&meta)?;
+        let tensors: Vec<GgufTensor> = plan_tensors(&file, &hp, tok.tokens.len() as u64)?
+            .into_iter()
+            .map(|p| GgufTensor {
+                gguf_name: p.gguf_name.to_string(),
+                hf_name: p.hf_name,
+                ggml_type: p.ggml_type,
+                shape: p.dims.iter().rev().map(|&d| d as usize).collect(),
+                qk_heads: match p.permute {
+                    Permute::Heads(h) => Some(h as usize),
+                    Permute::None => None,
+                },
+            })
+            .collect();
+        let by_hf_name = tensors.iter().enumerate().map(|(i, t)| (t.hf_name.clone(), i)).collect();
+        let tied = file.tensor("output.weight").is_none();
+        Ok(GgufModel { file, hp, tok, tensors, by_hf_name, tied })
+    }
+
+    /// The file.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// Every tensor, embeddings first, then layer by layer, the final norm and the head last.
+    pub fn tensors(&self) -> &[GgufTensor] {
+        &self.tensors
+    }
+
+    /// The tensor with Hugging Face name `hf_name`.
+    pub fn tensor(&self, hf_name: &str) -> Option<&GgufTensor> {
+        self.by_hf_name.get(hf_name).map(|&i| &self.tensors[i])
+    }
+
+    /// Whether the head shares the embedding (the file has no `output.weight`).
+    pub fn is_tied(&self) -> bool {
+        self.tied
+    }
+
+    fn find(&self, hf_name: &str) -> Result<&GgufTensor, ConvertError> {
+        self.tensor(hf_name).ok_or_else(|| ConvertError::new(self.file.path(), ConvertErrorKind::Missing, hf_name))
+    }
+
+    /// Tensor `hf_name` dequantized to f32 ([`GgufFile::tensor_f32`]), row-major in its Hugging Face shape.
+    pub fn tensor_f32(&self, hf_name: &str) -> Result<Vec<f32>, ConvertError> {
+        let t = self.find(hf_name)?;
+        let values = self.file.tensor_f32(&t.gguf_name)?;
+        Ok(match t.qk_heads {
+            Some(heads) => unpermute_qk(&values, heads, t.shape[0], t.shape[1]),
+            None => values,
+        })
+    }
+
+    /// The codes and block parameters of block-quantized tensor `hf_name` ([`GgufFile::blocks`]), its
+    /// rows in Hugging Face order: codes `[rows][cols]`, `d` and `m` `[rows][cols / 32]`.
+    pub fn blocks(&self, hf_name: &str) -> Result<QuantBlocks, ConvertError> {
+        let t = self.find(hf_name)?;
+        let mut b = self.file.blocks(&t.gguf_name)?;
+        if let Some(heads) = t.qk_heads {
+            let (rows, cols) = (t.shape[0], t.shape[1]);
+            let unpermute = |v: &[f32]| swap_axes_1_2(v, [heads, rows / heads / 2, 2, cols / 32]);
+            b.codes = swap_axes_1_2(&b.codes, [heads, rows / heads / 2, 2, cols]);
+            b.d = unpermute(&b.d);
+            b.m = b.m.as_deref().map(unpermute);
+        }
+        Ok(b)
+    }
+
+    /// The `config.json` of the model (`LlamaForCausalLM`).
+    pub fn config_json(&self) -> Value {
+        config_json(&self.hp, &self.tok, self.tied)
+    }
+
+    /// The `tokenizer.json` of the model: a byte-level BPE for the `tokenizers` crate, rebuilt from the
+    /// vocabulary, merges and token types.
+    pub fn tokenizer_json(&self) -> Result<Vec<u8>, ConvertError> {
+        let path = self.file.path();
+        serde_json::to_vec(&tokenizer_json(&self.tok, path)?)
+            .map_err(|e| ConvertError::new(path, ConvertErrorKind::Json(e), "tokenizer.json"))
+    }
+
+    /// The `tokenizer_config.json` (special tokens and the chat template, if the file has one).
+    pub fn tokenizer_config_json(&self) -> Value {
+        tokenizer_config_json(&self.tok, self.hp.context)
+    }
+
+    /// The `generation_config.json` (BOS, EOS and padding ids).
+    pub fn generation_config_json(&self) -> Value {
+        let mut generation = serde_json::Map::new();
+        generation.insert("bos_token_id".into(), json!(self.tok.bos));
+        generation.insert("eos_token_id".into(), json!(self.tok.eos));
+        if let Some(pad) = self.tok.pad {
+            generation.insert("pad_token_id".into(), json!(pad));
+        }
+        Value::Object(generation)
+    }
+
+    /// The control tokens (GGUF token type 3): `(id, text)`.
+    pub fn special_tokens(&self) -> Vec<(u32, String)> {
+        self.tok
+            .token_types
+            .iter()
+            .enumerate()
+            .filter(|&(_, &t)| t == TOKEN_TYPE_CONTROL)
+            .map(|(i, _)| (i as u32, self.tok.tokens[i].clone()))
+            .collect()
+    }
+}
+
 /// Converts the Llama-architecture GGUF at `gguf` into a Hugging Face style directory `out_dir` (created if
 /// needed; files already there are replaced): `model.safetensors` (f32), `config.json`, `tokenizer.json`,
 /// `tokenizer_config.json` and `generation_config.json`.
 pub fn gguf_to_hf(gguf: &Path, out_dir: &Path) -> Result<ConvertReport, ConvertError> {
-    let file = GgufFile::open(gguf)?;
-    let meta = Meta { file: &file };
-
-    let arch = meta.req_str("general.architecture")?;
-    if arch != "llama" {
-        return Err(meta.unsupported("general.architecture", format!("architecture {arch:?} (only \"llama\")")));
-    }
-    let hp = read_hparams(&meta)?;
-    let tok = read_tokenizer(&meta)?;
-    let plan = plan_tensors(&file, &hp, tok.tokens.len() as u64)?;
-    let tied = file.tensor("output.weight").is_none();
-
+    let model = GgufModel::open(gguf)?;
     std::fs::create_dir_all(out_dir).map_err(|e| io_err(out_dir, e))?;
-    let (tensors, n_elements, safetensors_bytes) = write_safetensors(&file, &plan, &out_dir.join("model.safetensors"))?;
-
-    let config = config_json(&hp, &tok, tied);
-    write_json(&out_dir.join("config.json"), &config)?;
-    write_tokenizer_json(&tok, gguf, &out_dir.join("tokenizer.json"))?;
-    write_json(&out_dir.join("tokenizer_config.json"), &tokenizer_config_json(&tok, hp.context))?;
-    let mut generation = serde_json::Map::new();
-    generation.insert("bos_token_id".into(), json!(tok.bos));
-    generation.insert("eos_token_id".into(), json!(tok.eos));
-    if let Some(pad) = tok.pad {
-        generation.insert("pad_token_id".into(), json!(pad));
-    }
-    write_json(&out_dir.join("generation_config.json"), &Value::Object(generation))?;
-
-    let special_tokens = tok
-        .token_types
-        .iter()
-        .enumerate()
-        .filter(|&(_, &t)| t == TOKEN_TYPE_CONTROL)
-        .map(|(i, _)| (i as u32, tok.tokens[i].clone()))
-        .collect();
+    let (tensors, n_elements, safetensors_bytes) = write_safetensors(&model, &out_dir.join("model.safetensors"))?;
+    write_json(&out_dir.join("config.json"), &model.config_json())?;
+    write_json(&out_dir.join("tokenizer.json"), &tokenizer_json(&model.tok, gguf)?)?;
+    write_json(&out_dir.join("tokenizer_config.json"), &model.tokenizer_config_json())?;
+    write_json(&out_dir.join("generation_config.json"), &model.generation_config_json())?;
     Ok(ConvertReport {
         out_dir: out_dir.to_path_buf(),
         tensors,
         n_elements,
         safetensors_bytes,
-        vocab_size: tok.tokens.len(),
-        n_merges: tok.merges.len(),
-        special_tokens,
+        vocab_size: model.tok.tokens.len(),
+        n_merges: model.tok.merges.len(),
+        special_tokens: model.special_tokens(),
     })
 }
 
@@ -560,22 +696,17 @@ fn plan_tensors<'a>(file: &'a GgufFile, hp: &Hparams, vocab: u64) -> Result<Vec<
 
 /// Writes `model.safetensors` by hand, streaming one tensor at a time (the f32 model is several times the
 /// GGUF; holding all of it at once is not needed). Returns the tensors, total elements and file size.
-fn write_safetensors(
-    file: &GgufFile,
-    plan: &[Planned<'_>],
-    path: &Path,
-) -> Result<(Vec<ConvertedTensor>, u64, u64), ConvertError> {
-    let mut converted = Vec::with_capacity(plan.len());
-    let mut entries = Vec::with_capacity(plan.len());
-    for p in plan {
-        let shape: Vec<usize> = p.dims.iter().rev().map(|&d| d as usize).collect();
-        entries.push(TensorEntry { name: p.hf_name.clone(), dtype: Dtype::F32, shape: shape.clone() });
+fn write_safetensors(model: &GgufModel, path: &Path) -> Result<(Vec<ConvertedTensor>, u64, u64), ConvertError> {
+    let mut converted = Vec::with_capacity(model.tensors.len());
+    let mut entries = Vec::with_capacity(model.tensors.len());
+    for t in &model.tensors {
+        entries.push(TensorEntry { name: t.hf_name.clone(), dtype: Dtype::F32, shape: t.shape.clone() });
         converted.push(ConvertedTensor {
-            gguf_name: p.gguf_name.to_string(),
-            hf_name: p.hf_name.clone(),
-            ggml_type: p.ggml_type,
-            shape,
-            unpermuted: p.permute != Permute::None,
+            gguf_name: t.gguf_name.clone(),
+            hf_name: t.hf_name.clone(),
+            ggml_type: t.ggml_type,
+            shape: t.shape.clone(),
+            unpermuted: t.qk_heads.is_some(),
         });
     }
     let converter = format!("int4 gguf_to_hf v{CONVERTER_VERSION}");
@@ -586,11 +717,8 @@ fn write_safetensors(
     let result = (|| -> Result<(), ConvertError> {
         let io = |e| io_err(&tmp, e);
         let mut w = FileWriter::create(&tmp, layout).map_err(io)?;
-        for (i, p) in plan.iter().enumerate() {
-            let mut values = file.tensor_f32(p.gguf_name)?;
-            if let Permute::Heads(n_head) = p.permute {
-                values = unpermute_qk(&values, n_head as usize, p.dims[1] as usize, p.dims[0] as usize);
-            }
+        for (i, t) in model.tensors.iter().enumerate() {
+            let values = model.tensor_f32(&t.hf_name)?;
             let mut buf = Vec::with_capacity(1 << 16);
             for (c, chunk) in values.chunks(1 << 14).enumerate() {
                 buf.clear();
@@ -629,7 +757,7 @@ pub fn permute_qk(w: &[f32], n_head: usize, rows: usize, cols: usize) -> Vec<f32
 }
 
 /// Swaps axes 1 and 2 of a row-major 4-D array of shape `[a, b, c, d]`, giving shape `[a, c, b, d]`.
-fn swap_axes_1_2(src: &[f32], [a, b, c, d]: [usize; 4]) -> Vec<f32> {
+fn swap_axes_1_2<T: Copy>(src: &[T], [a, b, c, d]: [usize; 4]) -> Vec<T> {
     let mut out = Vec::with_capacity(src.len());
     for i in 0..a {
         for k in 0..c {
@@ -736,9 +864,9 @@ struct TokenizerJson<'a> {
     model: BpeJson<'a>,
 }
 
-/// Writes `tokenizer.json` for the `tokenizers` crate: the byte-level BPE of the original SmolLM2 tokenizer
-/// (the vocabulary in id order).
-fn write_tokenizer_json(tok: &TokenizerData, gguf: &Path, path: &Path) -> Result<(), ConvertError> {
+/// `tokenizer.json` for the `tokenizers` crate: the byte-level BPE of the original tokenizer (the
+/// vocabulary in id order).
+fn tokenizer_json<'a>(tok: &'a TokenizerData, gguf: &Path) -> Result<TokenizerJson<'a>, ConvertError> {
     let added_tokens = tok
         .token_types
         .iter()
@@ -779,7 +907,7 @@ fn write_tokenizer_json(tok: &TokenizerData, gguf: &Path, path: &Path) -> Result
             merges: tok.merges.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect(),
         },
     };
-    write_json(path, &t)
+    Ok(t)
 }
 
 fn tokenizer_config_json(tok: &TokenizerData, context: u64) -> Value {

@@ -29,9 +29,9 @@ mod hf_dir;
 
 pub use file::{
     DEFAULT_ALIGNMENT, GGUF_MAGIC, GgmlType, GgufError, GgufErrorKind, GgufFile, GgufValue, MAX_ARRAY_NESTING,
-    MAX_DIMS, TensorInfo,
+    MAX_DIMS, QuantBlocks, TensorInfo,
 };
 pub use hf_dir::{
-    CONVERTER_VERSION, ConvertError, ConvertErrorKind, ConvertReport, ConvertedTensor, gguf_to_hf, permute_qk,
-    unpermute_qk,
+    CONVERTER_VERSION, ConvertError, ConvertErrorKind, ConvertReport, ConvertedTensor, GgufModel, GgufTensor,
+    gguf_to_hf, permute_qk, unpermute_qk,
 };

@@ -321,8 +321,17 @@ fn typed_tensors() -> (Writer, Vec<(&'static str, Vec<f32>)>) {
     w.tensor("q8_0", &[32], GgmlType::Q8_0, q8_0_block(0.125, &q));
     expected.push(("q8_0", q.iter().map(|&x| x as f32 / 8.0).collect()));
 
-    // Q5_0 [32]: readable, not dequantizable.
-    w.tensor("q5_0", &[32], GgmlType::Q5_0, vec![0; 22]);
+    // Q5_0 [32]: d = 0.5, the fifth bit set on odd elements, every low nibble 1 and high nibble 2:
+    // element j < 16 is (1 | 16·odd) - 16, element j ≥ 16 is (2 | 16·odd) - 16, times d.
+    let mut data = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+    data.extend(0xAAAA_AAAAu32.to_le_bytes());
+    data.extend([0x21u8; 16]);
+    w.tensor("q5_0", &[32], GgmlType::Q5_0, data);
+    let odd = |j: usize| if j % 2 == 1 { 16.0 } else { 0.0 };
+    expected.push(("q5_0", (0..32).map(|j| (if j < 16 { 1.0 } else { 2.0 } + odd(j) - 16.0) * 0.5).collect()));
+
+    // Q5_1 [32]: readable, not dequantizable.
+    w.tensor("q5_1", &[32], GgmlType::Q5_1, vec![0; 24]);
     (w, expected)
 }
 
@@ -344,6 +353,7 @@ fn every_supported_type_dequantizes_exactly() {
             ("q4_1", &[64][..], GgmlType::Q4_1),
             ("q8_0", &[32][..], GgmlType::Q8_0),
             ("q5_0", &[32][..], GgmlType::Q5_0),
+            ("q5_1", &[32][..], GgmlType::Q5_1),
         ]
     );
     assert!(f.tensors().iter().all(|t| t.offset % 64 == 0));
@@ -366,10 +376,10 @@ fn every_supported_type_dequantizes_exactly() {
     }
 
     // Unsupported type: an error naming the tensor and the type.
-    let e = f.tensor_f32("q5_0").unwrap_err();
-    assert!(matches!(e.kind(), GgufErrorKind::UnsupportedType(GgmlType::Q5_0)), "{e:?}");
+    let e = f.tensor_f32("q5_1").unwrap_err();
+    assert!(matches!(e.kind(), GgufErrorKind::UnsupportedType(GgmlType::Q5_1)), "{e:?}");
     let msg = e.to_string();
-    assert!(msg.contains("q5_0") && msg.contains("typed.gguf") && msg.contains("(q5_0)"), "{msg}");
+    assert!(msg.contains("q5_1") && msg.contains("typed.gguf") && msg.contains("(q5_1)"), "{msg}");
     let e = f.q4_1_blocks("q4_0").unwrap_err();
     assert!(matches!(e.kind(), GgufErrorKind::WrongType { .. }), "{e:?}");
     let e = f.tensor_f32("nope").unwrap_err();
@@ -883,16 +893,16 @@ fn conversion_refuses_what_it_cannot_convert() {
 // ---------------------------------------------------------------------------------------------------------
 // (c) The real default model.
 
-/// The converted default model's directory, or `None` (after saying so) when it is not there.
-fn real_model_dir() -> Option<PathBuf> {
+/// The default model's GGUF and its conversion into a scratch directory, or `None` (after saying so) when
+/// the model is not there.
+fn real_model() -> Option<(PathBuf, PathBuf)> {
     let dir = int4_cache::dirs::default_model_dir();
-    let complete = dir.as_ref().is_some_and(|d| {
-        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "source.gguf"]
-            .iter()
-            .all(|f| d.join(f).is_file())
-    });
-    if complete {
-        return dir;
+    let gguf = dir.as_ref().map(|d| d.join("SmolLM2-135M-Instruct.Q4_1.gguf")).filter(|g| g.is_file());
+    if let Some(gguf) = gguf {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("smollm2-hf-{}", std::process::id()));
+        let report = gguf_to_hf(&gguf, &out).unwrap();
+        assert_eq!(report.vocab_size, 49152);
+        return Some((gguf, out));
     }
     let shown =
         dir.map_or("(no INT4_MODEL_DIR, INT4_CACHE_DIR, XDG_CACHE_HOME or HOME)".into(), |d| d.display().to_string());
@@ -909,7 +919,7 @@ fn real_model_dir() -> Option<PathBuf> {
 
 #[test]
 fn the_real_model_is_converted_and_loads() {
-    let Some(dir) = real_model_dir() else { return };
+    let Some((gguf_path, dir)) = real_model() else { return };
 
     let c = read_json(&dir.join("config.json"));
     assert_eq!(c["model_type"], "llama");
@@ -939,7 +949,7 @@ fn the_real_model_is_converted_and_loads() {
     assert!(st.tensor("lm_head.weight").is_err());
 
     // The safetensors hold the GGUF's exact values (Q/K rows un-permuted).
-    let gguf = GgufFile::open(&dir.join("source.gguf")).unwrap();
+    let gguf = GgufFile::open(&gguf_path).unwrap();
     let down = gguf.tensor_f32("blk.3.ffn_down.weight").unwrap();
     assert_eq!(f32s(st.tensor("model.layers.3.mlp.down_proj.weight").unwrap().data()), down);
     let k = gguf.tensor_f32("blk.3.attn_k.weight").unwrap();
@@ -979,4 +989,7 @@ fn the_real_model_is_converted_and_loads() {
     let template = tc["chat_template"].as_str().expect("tokenizer_config.json has a chat_template");
     assert!(template.contains("<|im_start|>") && template.contains("add_generation_prompt"), "{template}");
     assert_eq!((tc["bos_token"].as_str(), tc["eos_token"].as_str()), (Some("<|im_start|>"), Some("<|im_end|>")));
+    drop(st);
+    drop(bytes);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
