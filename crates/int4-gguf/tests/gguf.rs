@@ -485,6 +485,30 @@ fn a_tensor_past_the_end_is_refused() {
     assert!(e.to_string().ends_with("(a)"), "{e}");
 }
 
+/// A tensor whose type disagrees with its data, or two tensors sharing bytes: refused, as llama.cpp refuses
+/// a file whose tensors are not laid out one after the other.
+#[test]
+fn tensors_must_follow_one_another() {
+    let mut w = Writer::new();
+    w.tensor("a", &[64], GgmlType::Q4_1, vec![0; 40]);
+    w.tensor("b", &[32], GgmlType::F32, vec![0; 128]);
+    let (b, infos) = w.bytes_with_info_offsets();
+    assert!(parse(b.clone()).is_ok());
+    // "a" declared Q8_0 (68 bytes, not 40): "b" no longer starts where "a" ends.
+    let type_at = infos[0] + 9 + 4 + 8;
+    let mut typed = b.clone();
+    typed[type_at..type_at + 4].copy_from_slice(&GgmlType::Q8_0.id().to_le_bytes());
+    let e = error_of(typed);
+    assert!(matches!(e.kind(), GgufErrorKind::Malformed(m) if m.contains("disagrees")), "{e:?}");
+    assert!(e.to_string().ends_with("(b)"), "{e}");
+    // "b" pointed back at "a"'s bytes.
+    let at = infos[1] + 9 + 4 + 8 + 4;
+    let mut shared = b;
+    shared[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    let e = error_of(shared);
+    assert!(matches!(e.kind(), GgufErrorKind::Malformed(m) if m.contains("where the tensors before it end")), "{e:?}");
+}
+
 #[test]
 fn hostile_lengths_are_refused_before_allocating() {
     // Tensor count and metadata count far beyond what the file could hold.

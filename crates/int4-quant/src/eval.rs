@@ -257,13 +257,17 @@ pub fn numerics_label(n: Numerics) -> String {
     match n {
         Numerics::F32 { .. } => "f32".into(),
         Numerics::Bf16 { .. } => "bf16".into(),
-        Numerics::W4a16 { group, .. } => format!("w4a16 {}", g(group)),
+        Numerics::W4a16 { group, head, .. } => {
+            let head = if head == HeadBits::Eight { " (8-bit head)" } else { "" };
+            format!("w4a16 {}{head}", g(group))
+        }
         Numerics::Wna16 { group, .. } => format!("wna16 {}", g(group)),
         Numerics::W4a8 { group, activations, head, .. } => {
             let head = if head == HeadBits::Eight { ", 8-bit head" } else { "" };
             format!("w4a8 {} ({} activation scales{head})", g(group), activations.name())
         }
         Numerics::W8a8 { activations, .. } => format!("w8a8 g32 ({} activation scales)", activations.name()),
+        Numerics::W8a16 { .. } => "w8a16 g32".into(),
     }
 }
 

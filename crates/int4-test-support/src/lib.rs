@@ -5,11 +5,13 @@
 //! * [`default_model_or_skip!`] — the converted default model, or a skip that is printed, recorded for
 //!   `cargo xtask ci` to report, and refused under `CI=true`;
 //! * [`fuzz`] — bounded mutation fuzzing of loaders on the stable toolchain;
+//! * [`gguf`] — tiny Llama GGUF files in the types a test picks, with the values they hold;
 //! * [`in_own_process`] — runs one test of an integration binary alone in a child process, for the
 //!   measurements that are process-wide (anonymous memory) and would see the other tests' allocations.
 #![allow(missing_docs)]
 
 pub mod fuzz;
+pub mod gguf;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

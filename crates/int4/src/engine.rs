@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use int4_cache::key::SourceContent;
 use int4_cache::quant_config::{NormalizedConfig, normalize};
 use int4_cache::{Artifact, ArtifactKey, ArtifactStore, MappedArtifact, SourceIdentity};
+use int4_kernels::LayerSpec;
 use int4_kernels::bytes::SharedBytes;
+use int4_kernels::choice;
 use int4_kernels::isa::{Feature, IsaCaps, IsaLevel};
 use int4_kernels::w4a8::ActivationScales;
 use int4_kernels::w4a16::W4A16Config;
@@ -413,6 +415,9 @@ fn add_generation_eos(model: &ModelDir, cfg: &mut ModelConfig) -> Result<()> {
 /// `quantize_config.json` beside it (older GPTQ exports; `quant_method` defaults to `gptq` there), else
 /// none (an unquantized checkpoint).
 fn read_quantization_config(model: &ModelDir, cfg: &ModelConfig) -> Result<NormalizedConfig> {
+    if let Some(gguf) = model.gguf() {
+        return Ok(gguf_quantization(gguf));
+    }
     let (raw, source) = match &cfg.quantization_config {
         Some(v) => (Some(v.clone()), "config.json"),
         None => {
@@ -426,6 +431,36 @@ fn read_quantization_config(model: &ModelDir, cfg: &ModelConfig) -> Result<Norma
         }
     };
     normalize(raw.as_ref()).map_err(at(model.path().join(source).display().to_string()))
+}
+
+/// A GGUF's quantization as the runtime records it: method `gguf`, group 32, the count of tensors per type,
+/// and whether any linear layer has float zeros (Q4_1). A GGUF with no block-quantized tensor is
+/// unquantized (`none`).
+fn gguf_quantization(gguf: &int4_gguf::GgufModel) -> NormalizedConfig {
+    use int4_gguf::GgmlType;
+    let mut types = std::collections::BTreeMap::new();
+    for t in gguf.tensors() {
+        *types.entry(crate::weights::gguf_dtype(t.ggml_type)).or_insert(0usize) += 1;
+    }
+    let blocks = |t: GgmlType| matches!(t, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0);
+    let quantized = gguf.tensors().iter().any(|t| blocks(t.ggml_type));
+    let float_zeros = gguf.tensors().iter().any(|t| t.ggml_type == GgmlType::Q4_1);
+    let fields = if !quantized {
+        Vec::new()
+    } else {
+        vec![
+            ("group_size".to_string(), serde_json::json!(32)),
+            ("types".to_string(), serde_json::json!(types)),
+            ("float_zeros".to_string(), serde_json::json!(float_zeros)),
+        ]
+    };
+    NormalizedConfig {
+        method: if quantized { "gguf" } else { "none" }.into(),
+        fields: fields.into_iter().collect(),
+        ignored: Default::default(),
+        unknown: Default::default(),
+        warnings: Vec::new(),
+    }
 }
 
 /// The key of the artifact a load produces: the checkpoint's quantization (for an unquantized one, the
@@ -466,9 +501,9 @@ fn artifact_key(
         ckpt.held_files().into_iter().map(|(path, metadata, bytes)| SourceContent { path, metadata, bytes }).collect();
     let source = SourceIdentity::of_contents(&held, Some(&index)).map_err(at("checkpoint"))?;
     let key = ArtifactKey::new(quantization, plan, features, source);
-    Ok(match numerics {
-        Numerics::W4a8 { head: HeadBits::Eight, .. } => key.with_option("head_bits", serde_json::json!(8)),
-        _ => key,
+    Ok(match numerics.head_bits() {
+        HeadBits::Eight => key.with_option("head_bits", serde_json::json!(8)),
+        HeadBits::Four => key,
     })
 }
 
@@ -499,6 +534,13 @@ pub struct ModelInfo {
     /// Per linear kind (`qkv`, `o_proj`, `gate_up`, `down`, `lm_head`): how the checkpoint stores it and
     /// what loading does with it.
     pub layers: Vec<(String, String)>,
+    /// How an unquantized layer is quantized at load: `{"group": 128, "head_bits": 8}` (a stored layer
+    /// keeps its own grid).
+    pub load_quantization: serde_json::Value,
+    /// For a GGUF with Q4_1 tensors: `{"q4_1_blocks": …, "inexact_zeros": …}`, the blocks whose zero
+    /// `m + 8d` f32 cannot hold exactly (their weights are within ½ ulp of that zero of ggml's; every other
+    /// weight is exact).
+    pub gguf_q4_1: Option<serde_json::Value>,
     /// The plan this machine would run it with.
     pub plan: Plan,
     /// Whether the artifact cache holds its packed weights for that plan.
@@ -530,18 +572,30 @@ impl Engine {
             .iter()
             .filter_map(|k| specs.iter().find(|s| s.name.ends_with(k)))
             .map(|s| {
+                let is_head = s.name == "lm_head";
+                let stored_quantized = format.as_ref().is_some_and(|f| s.quantized_in(&ckpt, f));
+                let eight = s.stored_in_eight_bits(&ckpt, format.as_ref());
                 let stored = match &format {
-                    Some(f) if s.quantized_in(&ckpt, f) => {
+                    Some(QuantFormat::Gguf { .. }) if stored_quantized => {
+                        format!("{} ({}-bit), group 32", s.dtype(&ckpt).unwrap_or_default(), if eight { 8 } else { 4 })
+                    }
+                    Some(f) if stored_quantized => {
                         format!("{} 4-bit, group {}", quantization.method, f.group().to_checkpoint())
                     }
                     _ => format!("unquantized {}", s.dtype(&ckpt).unwrap_or_default()),
                 };
-                let run = match numerics {
+                let layer_numerics = s.numerics(&ckpt, format.as_ref(), numerics, is_head);
+                let run = match layer_numerics {
                     Numerics::F32 { .. } => "dequantized to f32".to_string(),
                     Numerics::Bf16 { .. } => "as bf16".to_string(),
-                    _ if stored.starts_with("unquantized") => {
+                    Numerics::W8a16 { .. } | Numerics::W8a8 { .. } if !stored_quantized => {
+                        "quantized at load to 8 bits (llama.cpp's Q8_0 grid)".to_string()
+                    }
+                    _ if !stored_quantized => {
                         format!("quantized at load (round to nearest, group {})", group.to_checkpoint())
                     }
+                    Numerics::W8a16 { .. } => "packed as stored, W8A16 kernels".to_string(),
+                    Numerics::W8a8 { .. } => "packed as stored, two 4-bit planes on the W4A8 kernels".to_string(),
                     _ => "packed as stored".to_string(),
                 };
                 let name = s.name.rsplit('.').next().unwrap_or(&s.name).to_string();
@@ -558,6 +612,18 @@ impl Engine {
         };
         let mut warnings = quantization.warnings.clone();
         warnings.extend(Model::load_notes(&cfg, &ckpt, numerics, format.as_ref()));
+        let gguf_q4_1 = match ckpt.gguf() {
+            Some(g) => {
+                let (mut blocks, mut inexact) = (0, 0);
+                for t in g.tensors().iter().filter(|t| t.ggml_type == int4_gguf::GgmlType::Q4_1) {
+                    let b = g.blocks(&t.hf_name).map_err(at(&t.hf_name))?;
+                    blocks += b.d.len();
+                    inexact += crate::quantized::inexact_q4_1_zeros(&b.d, b.m.as_deref().unwrap_or_default());
+                }
+                (blocks > 0).then(|| serde_json::json!({"q4_1_blocks": blocks, "inexact_zeros": inexact}))
+            }
+            None => None,
+        };
         Ok(ModelInfo {
             architecture: format!("{:?}", cfg.arch),
             shape: serde_json::json!({
@@ -570,6 +636,11 @@ impl Engine {
             dtypes,
             quantization: serde_json::to_value(&quantization).unwrap_or_default(),
             layers,
+            load_quantization: serde_json::json!({
+                "group": group.to_checkpoint(),
+                "head_bits": if opts.head_bits == HeadBits::Eight { 8 } else { 4 },
+            }),
+            gguf_q4_1,
             plan,
             cached,
             warnings,
@@ -679,14 +750,21 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
         Overrides { path: opts.path, caps: opts.caps, direct_dequant: opts.direct_dequant, ..Overrides::default() };
     let p = plan(&snap, kind, opts.priority, &overrides).map_err(at("path"))?;
     let kernels = p.kernels().bind(&opts.caps).map_err(at(format!("path {}", p.path)))?;
+    // Layers stored in 8 bits run on the W8A16 kernels of the plan's own instruction-set level.
+    let eight = |level: IsaLevel| {
+        let spec = LayerSpec::W8a16 { prefill_from: choice::W8A16_PREFILL_FROM_ROWS };
+        choice::at_level(spec, level, &opts.caps).map_err(at(format!("path {}", p.path)))
+    };
     let numerics = match p.layout {
         PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 => Numerics::W4a16 {
             block: if p.layout == PackedLayout::Tinygemm64 { TinygemmBlock::N64 } else { TinygemmBlock::N32 },
             group,
             config: W4A16Config { dequant_threshold: p.dequant_threshold, direct_dequant: p.direct_dequant },
             kernels,
+            eight: eight(kernels.choice().level())?,
+            head: opts.head_bits,
         },
-        PackedLayout::RowMajor => Numerics::Wna16 { group, kernels },
+        PackedLayout::RowMajor => Numerics::Wna16 { group, kernels, eight: eight(IsaLevel::Portable)? },
         PackedLayout::W4a8Vnni => {
             Numerics::W4a8 { group, kernels, activations: opts.activation_scales, head: opts.head_bits }
         }

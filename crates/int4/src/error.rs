@@ -30,6 +30,12 @@ pub enum ErrorKind {
     Checkpoint(String),
     /// The safetensors reader refused a file.
     Safetensors(safetensors::SafeTensorError),
+    /// The GGUF reader refused a file, or a GGUF is not a model this runtime reads (its message names the
+    /// key or tensor).
+    Gguf(int4_gguf::ConvertError),
+    /// A model reference could not be resolved: a path that does not exist, or a repo id that is not in the
+    /// Hugging Face cache (the message says what to run).
+    Hub(int4_hub::HubError),
     /// The artifact cache or the checkpoint's `quantization_config` (normalised by the cache's rules).
     Cache(int4_cache::CacheError),
     /// A packed artifact lacks a section or holds one that does not fit the layer.
@@ -104,6 +110,8 @@ impl fmt::Display for ErrorKind {
                 f.write_str(why)
             }
             ErrorKind::Safetensors(e) => write!(f, "not a valid safetensors file: {e}"),
+            ErrorKind::Gguf(e) => write!(f, "{e}"),
+            ErrorKind::Hub(e) => write!(f, "{e}"),
             ErrorKind::Cache(e) => write!(f, "{e}"),
             ErrorKind::Layout(e) => write!(f, "{e}"),
             ErrorKind::Caps(e) => write!(f, "{e}"),
@@ -118,6 +126,10 @@ impl fmt::Display for ErrorKind {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // An error whose kind names its own file (a GGUF's) has no context of its own.
+        if self.context.is_empty() {
+            return write!(f, "{}", self.kind);
+        }
         write!(f, "{}: {}", self.context, self.kind)
     }
 }
@@ -129,6 +141,8 @@ impl std::error::Error for Error {
             ErrorKind::File(e) => Some(e),
             ErrorKind::Json(e) => Some(e),
             ErrorKind::Safetensors(e) => Some(e),
+            ErrorKind::Gguf(e) => Some(e),
+            ErrorKind::Hub(e) => Some(e),
             ErrorKind::Cache(e) => Some(e),
             ErrorKind::Layout(e) => Some(e),
             ErrorKind::Caps(e) => Some(e),
@@ -157,6 +171,8 @@ wrapped_kinds! {
     int4_files::FileError => File,
     serde_json::Error => Json,
     safetensors::SafeTensorError => Safetensors,
+    int4_gguf::ConvertError => Gguf,
+    int4_hub::HubError => Hub,
     int4_cache::CacheError => Cache,
     int4_layout::LayoutError => Layout,
     int4_kernels::KernelError => Kernel,

@@ -2,8 +2,9 @@
 //!
 //! # Brief overview
 //!
-//! An [`Engine`] loads a model directory (a Hugging Face checkpoint: unquantized, `cpu_int4`, GPTQ or AWQ)
-//! on a path ([`RunPath`]: the W4A16 or W4A8 kernels, or the exact bf16/f32 ones; by default what the
+//! An [`Engine`] loads a model — a Hugging Face checkpoint directory (unquantized, `cpu_int4`, GPTQ or AWQ),
+//! or a llama.cpp GGUF file (Q4_0, Q4_1, Q5_0, Q8_0, F16, BF16, F32), read as it is stored; a repo id in the
+//! Hugging Face cache resolves to either ([`resolve_model`]) — on a path ([`RunPath`]: the W4A16 or W4A8 kernels, or the exact bf16/f32 ones; by default what the
 //! policy picks for this CPU), packing its weights once into the artifact cache, and generates text with a
 //! callback per token:
 //!
@@ -22,11 +23,11 @@
 //! * `config` — [`ModelConfig`] from `config.json` of Llama, Qwen2 and Qwen3 checkpoints (transformers v4
 //!   and v5 spellings);
 //! * `model_dir` — [`ModelDir`], the one place that opens a model's files (names confined to the
-//!   directory, regular files only, sizes capped);
-//! * `weights` — [`Checkpoint`], memory-mapped safetensors (single file or shards);
+//!   directory, regular files only, sizes capped; a GGUF's configuration and tokenizer from its metadata);
+//! * `weights` — [`Checkpoint`], memory-mapped safetensors (single file or shards) or a mapped GGUF;
 //! * `linear` — a linear layer on the kernel the plan chose, reporting which kernel runs each phase;
-//! * `quantized` — the linears of `cpu_int4`, GPTQ and AWQ checkpoints as codes and parameters
-//!   ([`QuantLinear`]);
+//! * `quantized` — the linears of `cpu_int4`, GPTQ, AWQ and GGUF checkpoints as codes and parameters
+//!   ([`QuantLinear`], and [`Int8Codes`] for a GGUF's 8-bit blocks);
 //! * `model` — [`Model`]: the forward pass and [`KvCache`], and [`ForwardObserver`] for tools that need each
 //!   linear's inputs (GPTQ calibration);
 //! * `sampling` — greedy and seeded sampling ([`SamplingConfig`]); `text` — tokenizer and chat template
@@ -38,7 +39,8 @@
 //! The crates below the runtime are re-exported whole, so a user depends on this one crate:
 //! [`layout`] (4-bit grids and packed layouts), [`kernels`] (the matrix kernels), [`select`] (the hardware
 //! probe and path policy), [`cache`] (config-hash keys, the packed-artifact store, and where the cache and
-//! the default model live) and [`gguf`] (llama.cpp's GGUF files). Offline tooling — writing 4-bit
+//! the default model live), [`gguf`] (llama.cpp's GGUF files) and [`hub`] (repo ids in the Hugging Face
+//! cache). Offline tooling — writing 4-bit
 //! checkpoints, the GPTQ method, perplexity and KL evaluation — is the `int4-quant` crate, on top of this
 //! one; the `int4` binary is `int4-cli`.
 #![deny(missing_docs)]
@@ -62,8 +64,10 @@ pub use linear::{HeadBits, INT8_GROUP, Linear, Numerics, SectionSource};
 pub use model::{
     Dispatched, ForwardObserver, KvCache, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, linear_specs,
 };
-pub use model_dir::{CONFIG_CAP, ModelDir, ModelSource, TEMPLATE_CAP, TOKENIZER_CAP};
-pub use quantized::{IntegerZeros, QuantFormat, QuantLinear, read_linear};
+pub use model_dir::{CONFIG_CAP, ModelDir, ModelSource, TEMPLATE_CAP, TOKENIZER_CAP, resolve_model};
+pub use quantized::{
+    Int8Codes, IntegerZeros, QuantFormat, QuantLinear, StoredLinear, inexact_q4_1_zeros, read_gguf_linear, read_linear,
+};
 pub use sampling::{Sampler, SamplingConfig, argmax, top2_gap};
 pub use text::{MAX_NORMALIZER_GROWTH, Message, TEMPLATE_OUTPUT_CAP, TextCodec};
 pub use weights::{Checkpoint, StoredTensor};
@@ -72,6 +76,7 @@ pub use int4_select::{Plan, Priority, RunPath};
 
 pub use int4_cache as cache;
 pub use int4_gguf as gguf;
+pub use int4_hub as hub;
 pub use int4_kernels as kernels;
 pub use int4_layout as layout;
 pub use int4_select as select;

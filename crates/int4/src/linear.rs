@@ -11,13 +11,14 @@ use int4_kernels::portable::Wna16Linear;
 use int4_kernels::w4a8::int8::{Int8Linear, Int8Weights};
 use int4_kernels::w4a8::{ActivationScales, W4A8Linear, W4A8Weights};
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
+use int4_kernels::w8a16::{W8A16Linear, W8A16Weights};
 use int4_kernels::{KernelId, LayerSpec};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
 use int4_layout::tinygemm::TinygemmBlock;
 use int4_layout::{GroupParams, GroupSize, rowmajor};
 
 use crate::error::{Error, Result, at};
-use crate::quantized::{IntegerZeros, QuantLinear};
+use crate::quantized::{Int8Codes, IntegerZeros, QuantLinear, StoredLinear};
 
 /// How a model's linear layers are run: the weights' form, and the kernels (chosen, and bound to this
 /// process: holding a `Numerics` proves its kernels can run here).
@@ -43,6 +44,10 @@ pub enum Numerics {
         config: W4A16Config,
         /// The W4A16 kernels.
         kernels: BoundKernels,
+        /// The W8A16 kernels, for layers stored in 8 bits and an 8-bit head.
+        eight: BoundKernels,
+        /// Whether an unquantized head is held in 8 bits rather than 4.
+        head: HeadBits,
     },
     /// 4-bit weights as row-major codes, the portable fallback.
     Wna16 {
@@ -50,6 +55,8 @@ pub enum Numerics {
         group: GroupSize,
         /// The portable kernel (which runs every row count).
         kernels: BoundKernels,
+        /// The portable W8A16 kernels, for layers stored in 8 bits.
+        eight: BoundKernels,
     },
     /// 4-bit weights, activations quantized to int8. Integer zero points as the checkpoint holds them
     /// (GPTQ), float zeros as offsets (`cpu_int4`, or quantized on load: round to nearest on the same
@@ -64,8 +71,16 @@ pub enum Numerics {
         /// Whether an unquantized head is held in 8 bits rather than 4.
         head: HeadBits,
     },
+    /// 8-bit symmetric weights with an f32 scale per 32 inputs (a GGUF's Q8_0 and Q5_0 layers as stored;
+    /// an unquantized head with [`HeadBits::Eight`] on llama.cpp's Q8_0 grid), f32 activations: the
+    /// W4A16 path's 8-bit layers.
+    W8a16 {
+        /// The W8A16 kernels.
+        kernels: BoundKernels,
+    },
     /// 8-bit symmetric weights (groups of 32, `amax/127`: llama.cpp's Q8_0 grid) on the W4A8 kernels as
-    /// two 4-bit planes, int8 activations: the W4A8 path's head with [`HeadBits::Eight`].
+    /// two 4-bit planes, int8 activations: the W4A8 path's 8-bit layers and its head with
+    /// [`HeadBits::Eight`].
     W8a8 {
         /// The W4A8 kernels the two planes run on.
         kernels: BoundKernels,
@@ -74,14 +89,15 @@ pub enum Numerics {
     },
 }
 
-/// How many bits the W4A8 path gives a head the checkpoint stores unquantized (a head a quantized
-/// checkpoint stores in 4 bits runs as stored).
+/// How many bits the packed paths give a head the checkpoint stores unquantized (a head a quantized
+/// checkpoint stores runs as stored).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum HeadBits {
     /// 4 bits, like every other linear layer: the smallest and fastest.
     #[default]
     Four,
-    /// 8 bits ([`Numerics::W8a8`]): for a tied head, the embedding too. Costs one byte per weight, which
+    /// 8 bits ([`Numerics::W8a16`] on W4A16, [`Numerics::W8a8`] on W4A8): for a tied head, the embedding
+    /// too. Costs one byte per weight, which
     /// on a small model with a large vocabulary is a sizeable share of a decode step's reads.
     Eight,
 }
@@ -95,6 +111,7 @@ enum Imp {
     Wna16(Wna16Linear),
     W4a8(W4A8Linear),
     Int8(Int8Linear),
+    W8a16(W8A16Linear),
 }
 
 /// `y = x·Wᵀ (+ bias)` with W `[n][k]`.
@@ -154,12 +171,19 @@ impl Numerics {
     pub fn wna16(group: GroupSize) -> Self {
         let spec = LayerSpec::Wna16 { prefill_from: int4_kernels::w4a16::DEFAULT_DEQUANT_THRESHOLD };
         let kernels = choice::best(spec, &IsaCaps::unrestricted()).expect("the portable kernel binds on any CPU");
-        Numerics::Wna16 { group, kernels }
+        Numerics::Wna16 { group, kernels, eight: portable_w8a16() }
     }
 
     /// Whether the weights are quantized and packed (and so worth an artifact in the cache).
     pub fn is_packed(self) -> bool {
-        matches!(self, Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } | Numerics::W8a8 { .. })
+        matches!(
+            self,
+            Numerics::W4a16 { .. }
+                | Numerics::Wna16 { .. }
+                | Numerics::W4a8 { .. }
+                | Numerics::W8a8 { .. }
+                | Numerics::W8a16 { .. }
+        )
     }
 
     /// The kernels the layers run (the wna16 fallback's one portable kernel included).
@@ -170,26 +194,67 @@ impl Numerics {
             | Numerics::W4a16 { kernels, .. }
             | Numerics::W4a8 { kernels, .. }
             | Numerics::W8a8 { kernels, .. }
+            | Numerics::W8a16 { kernels }
             | Numerics::Wna16 { kernels, .. } => kernels,
         }
     }
 
-    /// The numerics of a head the checkpoint stores unquantized: 8 bits where the W4A8 path asks for it,
-    /// else the model's own.
+    /// The numerics of a head the checkpoint stores unquantized: 8 bits where the path asks for it, else
+    /// the model's own.
     pub fn for_unquantized_head(self) -> Numerics {
         match self {
-            Numerics::W4a8 { kernels, activations, head: HeadBits::Eight, .. } => {
-                Numerics::W8a8 { kernels, activations }
+            Numerics::W4a8 { head: HeadBits::Eight, .. } | Numerics::W4a16 { head: HeadBits::Eight, .. } => {
+                self.for_eight_bit()
             }
             other => other,
         }
     }
+
+    /// The numerics of a layer stored in 8 bits: the W8A16 kernels on the W4A16 and portable paths, the two
+    /// 4-bit planes on W4A8; the unquantized numerics run it dequantized.
+    pub fn for_eight_bit(self) -> Numerics {
+        match self {
+            Numerics::W4a16 { eight, .. } | Numerics::Wna16 { eight, .. } => Numerics::W8a16 { kernels: eight },
+            Numerics::W4a8 { kernels, activations, .. } => Numerics::W8a8 { kernels, activations },
+            other => other,
+        }
+    }
+
+    /// Whether these numerics hold 8-bit weights.
+    pub fn is_eight_bit(self) -> bool {
+        matches!(self, Numerics::W8a8 { .. } | Numerics::W8a16 { .. })
+    }
+
+    /// The head's bits on the packed paths that choose them.
+    pub fn head_bits(self) -> HeadBits {
+        match self {
+            Numerics::W4a16 { head, .. } | Numerics::W4a8 { head, .. } => head,
+            _ => HeadBits::Four,
+        }
+    }
+}
+
+/// The portable W8A16 kernels, which bind on any CPU.
+fn portable_w8a16() -> BoundKernels {
+    let spec = LayerSpec::W8a16 { prefill_from: choice::W8A16_PREFILL_FROM_ROWS };
+    choice::at_level(spec, int4_kernels::isa::IsaLevel::Portable, &IsaCaps::unrestricted())
+        .expect("the portable kernels bind on any CPU")
 }
 
 /// The fastest dense kernels `caps` allows here. Binding what the live CPU's own features chose cannot
 /// fail: every feature in the choice was checked on this CPU under these caps.
 fn best_dense(bf16: bool, caps: &IsaCaps) -> BoundKernels {
     choice::best(LayerSpec::Dense { bf16 }, caps).expect("the live CPU's own choice binds")
+}
+
+/// The sections of 8-bit weights on the W4A8 kernels: the two planes and the low plane's scales (the high
+/// plane's are 16 times those).
+fn int8_sections(name: &str, q: &Int8Weights) -> Vec<(String, Vec<u8>)> {
+    vec![
+        (section(name, "int8_hi"), q.hi().packed().to_vec()),
+        (section(name, "int8_lo"), q.lo().packed().to_vec()),
+        (section(name, "int8_scales"), q.lo().scales_le_bytes()),
+    ]
 }
 
 /// Reads a stored act-order permutation, checking that it is one.
@@ -243,7 +308,11 @@ impl Linear {
                 let wb = w.iter().map(|&x| half::bf16::from_f32(x)).collect();
                 Imp::Dense(DenseLinear::with_kernels(n, k, DenseWeights::Bf16(wb), bias, kernels).map_err(at(name))?)
             }
-            Numerics::W4a16 { .. } | Numerics::Wna16 { .. } | Numerics::W4a8 { .. } | Numerics::W8a8 { .. } => {
+            Numerics::W4a16 { .. }
+            | Numerics::Wna16 { .. }
+            | Numerics::W4a8 { .. }
+            | Numerics::W8a8 { .. }
+            | Numerics::W8a16 { .. } => {
                 let mut sections: Vec<(String, SharedBytes)> =
                     Self::pack(name, w, n, k, numerics)?.into_iter().map(|(s, b)| (s, b.into())).collect();
                 let get = |s: &str| sections.iter().position(|(n, _)| n == s).map(|i| sections[i].1.clone());
@@ -253,6 +322,56 @@ impl Linear {
             }
         };
         Ok(Parts { n, k, n_padded: n, perm: None, imp, prefill_from }.into())
+    }
+
+    /// Builds the layer from a checkpoint's stored 4- or 8-bit codes ([`StoredLinear`]): packed as they are
+    /// (no requantization), dequantized for the dense numerics.
+    pub fn build_stored(name: &str, q: StoredLinear, bias: Option<Vec<f32>>, numerics: Numerics) -> Result<Self> {
+        match q {
+            StoredLinear::Four(q) => Self::build_quantized(name, q, bias, numerics),
+            StoredLinear::Eight(q) => {
+                let (n, k) = (q.n, q.k);
+                if !numerics.is_packed() {
+                    return Self::build(name, q.dequantized(), n, k, bias, numerics);
+                }
+                let sections: Vec<(String, SharedBytes)> =
+                    Self::pack_int8(name, q, numerics)?.into_iter().map(|(s, b)| (s, b.into())).collect();
+                let get = |s: &str| sections.iter().find(|(n, _)| n == s).map(|(_, b)| b.clone());
+                Self::from_sections(name, n, k, bias, numerics, &get)
+            }
+        }
+    }
+
+    /// Packs a checkpoint's stored codes for `numerics` ([`Linear::pack_codes`] or [`Linear::pack_int8`]).
+    pub fn pack_stored(name: &str, q: StoredLinear, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
+        match q {
+            StoredLinear::Four(q) => Self::pack_codes(name, q, numerics),
+            StoredLinear::Eight(q) => Self::pack_int8(name, q, numerics),
+        }
+    }
+
+    /// Packs 8-bit codes for [`Numerics::W8a16`] or [`Numerics::W8a8`]: the sections an artifact stores.
+    pub fn pack_int8(name: &str, q: Int8Codes, numerics: Numerics) -> Result<Vec<(String, Vec<u8>)>> {
+        let Int8Codes { n, k, codes, scales } = q;
+        match numerics {
+            Numerics::W8a16 { .. } => {
+                let w = W8A16Weights::new(codes, scales, n, k).map_err(at(name))?;
+                Ok(vec![
+                    (section(name, "w8a16_codes"), w.codes_bytes().to_vec()),
+                    (section(name, "w8a16_scales"), w.scales_le_bytes()),
+                ])
+            }
+            Numerics::W8a8 { .. } => {
+                // Padded channels are zero weights (scale 1, codes 0); their outputs are dropped.
+                let np = n.next_multiple_of(16);
+                let (mut codes, mut scales) = (codes, scales);
+                codes.resize(np * k, 0);
+                scales.resize(np * (k / 32), 1.0);
+                let w = Int8Weights::from_codes(&codes, &scales, np, k, INT8_GROUP).map_err(at(name))?;
+                Ok(int8_sections(name, &w))
+            }
+            _ => Err(Error::input(name, "8-bit codes are packed only for the 8-bit numerics")),
+        }
     }
 
     /// Builds the layer from a quantized checkpoint's codes and parameters: packed as they are for the
@@ -273,7 +392,7 @@ impl Linear {
         let QuantLinear { codes, params, zeros, perm } = q;
         let mut out = match numerics {
             Numerics::F32 { .. } | Numerics::Bf16 { .. } => return Ok(Vec::new()),
-            Numerics::W8a8 { .. } => {
+            Numerics::W8a8 { .. } | Numerics::W8a16 { .. } => {
                 return Err(Error::input(
                     name,
                     "8-bit weights are quantized from unquantized weights; this layer is stored in 4 bits",
@@ -351,12 +470,9 @@ impl Linear {
                 let mut w = w;
                 w.resize(np * k, 0.0);
                 let q = Int8Weights::quantize(&w, np, k, INT8_GROUP).map_err(at(name))?;
-                Ok(vec![
-                    (section(name, "int8_hi"), q.hi().packed().to_vec()),
-                    (section(name, "int8_lo"), q.lo().packed().to_vec()),
-                    (section(name, "int8_scales"), q.lo().scales_le_bytes()),
-                ])
+                Ok(int8_sections(name, &q))
             }
+            Numerics::W8a16 { .. } => Self::pack_int8(name, Int8Codes::quantize(name, &w, n, k)?, numerics),
         }
     }
 
@@ -386,7 +502,7 @@ impl Linear {
                     "unquantized layers are built from the checkpoint, not from packed sections",
                 ));
             }
-            Numerics::W4a16 { block, group, config, kernels } => {
+            Numerics::W4a16 { block, group, config, kernels, .. } => {
                 let np = n.next_multiple_of(16);
                 let halves = if config.direct_dequant { None } else { Some(need("halves")?) };
                 let weights = W4A16Weights::from_packed_lane_params(
@@ -426,6 +542,12 @@ impl Linear {
                 let layer = W4A8Linear::with_kernels(weights, bias, kernels).map_err(at(name))?;
                 let imp = Imp::W4a8(layer.with_activation_scales(activations));
                 Parts { n, k, n_padded: np, perm: None, imp, prefill_from }
+            }
+            Numerics::W8a16 { kernels } => {
+                let weights =
+                    W8A16Weights::from_parts(need("w8a16_codes")?, need("w8a16_scales")?, n, k).map_err(at(name))?;
+                let imp = Imp::W8a16(W8A16Linear::with_kernels(weights, bias, kernels).map_err(at(name))?);
+                Parts { n, k, n_padded: n, perm: None, imp, prefill_from }
             }
             Numerics::W8a8 { kernels, activations } => {
                 let np = n.next_multiple_of(16);
@@ -480,6 +602,7 @@ impl Linear {
             Imp::Wna16(l) => l.kernel(),
             Imp::W4a8(l) => l.kernel_for(m),
             Imp::Int8(l) => l.kernel_for(m),
+            Imp::W8a16(l) => l.kernel_for(m),
         }
     }
 
@@ -499,6 +622,7 @@ impl Linear {
             Imp::W4a16(l) => l.weights().decode_row(row, out).map_err(at("embedding")),
             Imp::W4a8(l) => l.weights().decode_row(row, out).map_err(at("embedding")),
             Imp::Int8(l) => l.weights().decode_row(row, out).map_err(at("embedding")),
+            Imp::W8a16(l) => l.weights().row(row, out).map_err(at("embedding")),
             Imp::Wna16(l) => {
                 let bytes = &l.row_major()[row * self.k / 2..(row + 1) * self.k / 2];
                 let mut codes = vec![0u8; self.k];
@@ -520,6 +644,7 @@ impl Linear {
             Imp::Wna16(_) => self.n * self.k / 2 + self.n * self.k.div_ceil(32) * 8,
             Imp::W4a8(l) => l.weights().resident_bytes(),
             Imp::Int8(l) => l.weights().resident_bytes(),
+            Imp::W8a16(l) => l.weights().bytes(),
         }
     }
 
@@ -550,6 +675,7 @@ impl Linear {
                 Imp::Wna16(l) => l.forward(x, m, out),
                 Imp::W4a8(l) => l.forward(x, m, out),
                 Imp::Int8(l) => l.forward(x, m, out),
+                Imp::W8a16(l) => l.forward(x, m, out),
             }
         };
         let ran = if self.n_padded == self.n {

@@ -12,8 +12,9 @@ use rayon::prelude::*;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::linear::{Linear, Numerics, SectionSource};
-use crate::quantized::{QuantFormat, QuantLinear, read_linear};
+use crate::quantized::{QuantFormat, StoredLinear, read_gguf_linear, read_linear};
 use crate::weights::Checkpoint;
+use int4_gguf::GgmlType;
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -437,7 +438,7 @@ impl LinearSpec {
 
     /// The layer from a quantized checkpoint, when the checkpoint stores it quantized (`None`: it is
     /// stored unquantized, as a GPTQ head usually is). Fused parts must all be quantized or none.
-    pub fn quantized(&self, ckpt: &Checkpoint, format: Option<&QuantFormat>) -> Result<Option<QuantLinear>> {
+    pub fn quantized(&self, ckpt: &Checkpoint, format: Option<&QuantFormat>) -> Result<Option<StoredLinear>> {
         let Some(format) = format else { return Ok(None) };
         let prefixes: Vec<&str> = self.parts.iter().map(|(t, _)| t.strip_suffix(".weight").unwrap_or(t)).collect();
         let stored = prefixes.iter().filter(|p| format.stores(ckpt, p)).count();
@@ -453,9 +454,39 @@ impl LinearSpec {
         let parts = prefixes
             .iter()
             .zip(&self.parts)
-            .map(|(p, (_, rows))| read_linear(ckpt, p, *rows, self.k, format))
+            .map(|(p, (_, rows))| match format {
+                QuantFormat::Gguf { .. } => read_gguf_linear(ckpt, p, *rows, self.k),
+                _ => read_linear(ckpt, p, *rows, self.k, format).map(StoredLinear::Four),
+            })
             .collect::<Result<Vec<_>>>()?;
-        QuantLinear::stack(parts, &self.name).map(Some)
+        StoredLinear::stack(parts, &self.name).map(Some)
+    }
+
+    /// Whether the checkpoint stores this layer in 8 bits (a GGUF's Q5_0 and Q8_0 parts, which a fused
+    /// Q4_0 part joins), read from the tensors' types without reading their data.
+    pub fn stored_in_eight_bits(&self, ckpt: &Checkpoint, format: Option<&QuantFormat>) -> bool {
+        let (Some(QuantFormat::Gguf { .. }), Some(gguf)) = (format, ckpt.gguf()) else { return false };
+        self.parts
+            .iter()
+            .any(|(t, _)| gguf.tensor(t).is_some_and(|t| matches!(t.ggml_type, GgmlType::Q5_0 | GgmlType::Q8_0)))
+    }
+
+    /// The numerics this layer runs with on a model run by `numerics`: 8-bit numerics for a layer stored in
+    /// 8 bits, the head's own for an unquantized head, else the model's.
+    pub fn numerics(
+        &self,
+        ckpt: &Checkpoint,
+        format: Option<&QuantFormat>,
+        numerics: Numerics,
+        is_head: bool,
+    ) -> Numerics {
+        if self.stored_in_eight_bits(ckpt, format) {
+            numerics.for_eight_bit()
+        } else if is_head && !format.is_some_and(|f| self.quantized_in(ckpt, f)) {
+            numerics.for_unquantized_head()
+        } else {
+            numerics
+        }
     }
 
     /// Whether the checkpoint stores every part of this layer quantized in `format`.
@@ -528,12 +559,10 @@ impl Model {
             .par_iter()
             .enumerate()
             .map(|(i, spec)| {
+                let numerics = spec.numerics(ckpt, format, numerics, i == head);
                 let sections = match spec.quantized(ckpt, format)? {
-                    Some(q) => Linear::pack_codes(&spec.name, q, numerics),
-                    None => {
-                        let numerics = if i == head { numerics.for_unquantized_head() } else { numerics };
-                        Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics)
-                    }
+                    Some(q) => Linear::pack_stored(&spec.name, q, numerics),
+                    None => Linear::pack(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, numerics),
                 };
                 if let Some(report) = progress {
                     report(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, specs.len());
@@ -560,9 +589,10 @@ impl Model {
             .map(|s| s.name.as_str())
             .collect();
         let how = format!("quantized at load (round to nearest, group {})", f.group().to_checkpoint());
-        let head_how = match numerics.for_unquantized_head() {
-            Numerics::W8a8 { .. } => "quantized at load to 8 bits (amax/127 per 32, llama.cpp's Q8_0 grid)".to_string(),
-            _ => how.clone(),
+        let head_how = if numerics.for_unquantized_head().is_eight_bit() {
+            "quantized at load to 8 bits (amax/127 per 32, llama.cpp's Q8_0 grid)".to_string()
+        } else {
+            how.clone()
         };
         match plain.as_slice() {
             [] => Vec::new(),
@@ -595,14 +625,14 @@ impl Model {
         let h = cfg.hidden_size;
         let linear = |spec: &LinearSpec, is_head: bool| -> Result<Linear> {
             let bias = spec.bias(ckpt)?;
-            // A head the checkpoint leaves unquantized may take its own numerics (an 8-bit head).
-            let stored = format.is_some_and(|f| spec.quantized_in(ckpt, f));
-            let numerics = if is_head && !stored { numerics.for_unquantized_head() } else { numerics };
+            // A layer stored in 8 bits, or a head the checkpoint leaves unquantized (an 8-bit head), may
+            // take its own numerics.
+            let numerics = spec.numerics(ckpt, format, numerics, is_head);
             if let (Some(get), true) = (packed, numerics.is_packed()) {
                 return Linear::from_sections(&spec.name, spec.n, spec.k, bias, numerics, get);
             }
             match spec.quantized(ckpt, format)? {
-                Some(q) => Linear::build_quantized(&spec.name, q, bias, numerics),
+                Some(q) => Linear::build_stored(&spec.name, q, bias, numerics),
                 None => Linear::build(&spec.name, spec.weights(ckpt)?, spec.n, spec.k, bias, numerics),
             }
         };

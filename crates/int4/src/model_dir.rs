@@ -12,10 +12,18 @@
 //! * **Sizes are capped.** Text files are read up to a cap each ([`CONFIG_CAP`], [`TOKENIZER_CAP`],
 //!   [`TEMPLATE_CAP`]); a larger one is an error naming the file and the cap.
 //!
-//! [`ModelSource`] says where the model came from; today a directory of a Hugging Face checkpoint.
+//! [`ModelSource`] says where the model came from: a directory of a Hugging Face checkpoint, or a GGUF
+//! file (a `.gguf` path, or a directory holding one and no `config.json`). A GGUF holds what a Hugging Face
+//! directory spreads over files in its metadata; [`ModelDir`] serves `config.json`, `tokenizer.json`,
+//! `tokenizer_config.json` and `generation_config.json` for it as `int4_gguf::GgufModel` makes them, so the
+//! rest of the runtime reads a GGUF's configuration, tokenizer and chat template exactly as it reads a
+//! directory's.
 
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use int4_gguf::GgufModel;
 
 use crate::error::{Error, Result, at};
 
@@ -28,11 +36,13 @@ pub const TOKENIZER_CAP: u64 = 128 << 20;
 pub const TEMPLATE_CAP: u64 = 1 << 20;
 
 /// Where a model's files come from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum ModelSource {
     /// A directory holding a Hugging Face checkpoint (`config.json`, safetensors, tokenizer).
     Directory,
+    /// A GGUF file, mapped and checked.
+    Gguf(Arc<GgufModel>),
 }
 
 /// A model's files, opened under the rules of the module docs.
@@ -42,20 +52,113 @@ pub struct ModelDir {
     source: ModelSource,
 }
 
+/// The model a user names: an existing local path as it is (a model directory or a `.gguf` file), else a
+/// repo id `org/name[@revision][:QUANT]` resolved offline in the Hugging Face cache (`int4_hub`: the
+/// snapshot directory of a safetensors repo, or the one `.gguf` file of a GGUF repo that `QUANT` picks).
+pub fn resolve_model(arg: &str) -> Result<PathBuf> {
+    let source = int4_hub::resolve_model_arg(arg, &int4_hub::HubCache::from_env()).map_err(at("model"))?;
+    Ok(source.path().to_path_buf())
+}
+
+/// The most `.gguf` files a directory is searched through for its one model file.
+const MAX_DIR_ENTRIES: usize = 10_000;
+
 impl ModelDir {
-    /// The model directory at `path` (it must be a directory; its files are read when asked for).
+    /// The model at `path`: a Hugging Face directory (holding `config.json`), a `.gguf` file, or a
+    /// directory holding exactly one `.gguf` and no `config.json`. A directory's files are read when asked
+    /// for; a GGUF is mapped and checked here.
     pub fn open(path: &Path) -> Result<Self> {
-        let meta = std::fs::metadata(path).map_err(at(path.display().to_string()))?;
+        let shown = || path.display().to_string();
+        let meta = std::fs::metadata(path).map_err(at(shown()))?;
+        if meta.is_file() {
+            return Self::open_gguf(path);
+        }
         if !meta.is_dir() {
             return Err(Error::input(
-                path.display().to_string(),
-                "is not a model directory (a directory holding config.json, the weights and the tokenizer)",
+                shown(),
+                "is not a model: a directory holding config.json, the weights and the tokenizer, or a .gguf file",
             ));
+        }
+        if !path.join("config.json").exists()
+            && let Some(gguf) = Self::only_gguf_in(path)?
+        {
+            let mut model = Self::open_gguf(&gguf)?;
+            model.root = path.to_path_buf();
+            return Ok(model);
         }
         Ok(ModelDir { root: path.to_path_buf(), source: ModelSource::Directory })
     }
 
-    /// The directory.
+    /// Maps and checks the GGUF file at `path`.
+    fn open_gguf(path: &Path) -> Result<Self> {
+        let model = GgufModel::open(path).map_err(|e| {
+            if let int4_gguf::ConvertErrorKind::Gguf(g) = e.kind()
+                && matches!(g.kind(), int4_gguf::GgufErrorKind::BadMagic(_))
+            {
+                return Error::input(
+                    path.display().to_string(),
+                    "is not a model directory or a GGUF file (a model is a directory holding config.json, the \
+                     weights and the tokenizer, or a .gguf file)",
+                );
+            }
+            // The GGUF reader's message names the file.
+            Error::new("", e.into())
+        })?;
+        let root = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        Ok(ModelDir { root, source: ModelSource::Gguf(Arc::new(model)) })
+    }
+
+    /// The one `.gguf` file directly in `dir`, if there is one; several are an error listing them.
+    fn only_gguf_in(dir: &Path) -> Result<Option<PathBuf>> {
+        let shown = || dir.display().to_string();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(at(shown()))?.take(MAX_DIR_ENTRIES) {
+            let path = entry.map_err(at(shown()))?.path();
+            if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+                found.push(path);
+            }
+        }
+        found.sort();
+        match found.len() {
+            0 | 1 => Ok(found.pop()),
+            _ => Err(Error::input(
+                shown(),
+                format!(
+                    "holds {} GGUF files and no config.json: name the one to run ({})",
+                    found.len(),
+                    found
+                        .iter()
+                        .filter_map(|p| p.file_name())
+                        .map(|n| n.to_string_lossy())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// The GGUF this model is read from, if it is one.
+    pub fn gguf(&self) -> Option<&Arc<GgufModel>> {
+        match &self.source {
+            ModelSource::Gguf(m) => Some(m),
+            ModelSource::Directory => None,
+        }
+    }
+
+    /// A file the GGUF's metadata stands in for (`None` for any other name, or a directory's model).
+    fn gguf_file(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let Some(model) = self.gguf() else { return Ok(None) };
+        let json = |v: serde_json::Value| Some(v.to_string().into_bytes());
+        Ok(match name {
+            "config.json" => json(model.config_json()),
+            "tokenizer_config.json" => json(model.tokenizer_config_json()),
+            "generation_config.json" => json(model.generation_config_json()),
+            "tokenizer.json" => Some(model.tokenizer_json().map_err(at(model.file().path().display().to_string()))?),
+            _ => None,
+        })
+    }
+
+    /// The directory (for a GGUF, the directory holding it).
     pub fn path(&self) -> &Path {
         &self.root
     }
@@ -83,6 +186,10 @@ impl ModelDir {
     /// Opens the model file `name` for reading: `None` if there is none, an error unless it is a regular
     /// file (`int4_files`: opened non-blocking, so a FIFO cannot stall the open).
     pub fn open_file(&self, name: &str) -> Result<Option<(File, PathBuf)>> {
+        if self.gguf().is_some() {
+            // A GGUF is one file: nothing beside it belongs to the model.
+            return Ok(None);
+        }
         let path = self.file_path(name)?;
         let file = int4_files::open_regular_if_exists(&path).map_err(at(path.display().to_string()))?;
         Ok(file.map(|f| (f, path)))
@@ -90,6 +197,9 @@ impl ModelDir {
 
     /// The model file `name` read whole, if it exists, at most `cap` bytes.
     pub fn read(&self, name: &str, cap: u64) -> Result<Option<Vec<u8>>> {
+        if self.gguf().is_some() {
+            return self.gguf_file(name);
+        }
         let Some((file, path)) = self.open_file(name)? else { return Ok(None) };
         int4_files::read_open_capped(file, &path, cap).map(Some).map_err(at(path.display().to_string()))
     }

@@ -13,8 +13,16 @@
 //! | `cpu_int4` | `<p>.weight_packed` u8 `[N][K/2]` (low nibble = even k), `<p>.weight_scale` and `<p>.weight_zero` `[N][G]` |
 //! | `gptq` | `<p>.qweight` i32 `[K/8][N]`, `<p>.qzeros` i32 `[G][N/8]` (v1: zero − 1), `<p>.scales` `[G][N]`, `<p>.g_idx` i32 `[K]` (optional) |
 //! | `awq` | `<p>.qweight` i32 `[K][N/8]` and `<p>.qzeros` i32 `[G][N/8]`, AWQ's nibble order, `<p>.scales` `[G][N]` |
+//! | `gguf` | `<p>.weight` as the GGUF stores it: Q4_0, Q4_1 (4-bit, group 32), Q5_0, Q8_0 (8-bit codes, group 32) |
+//!
+//! A GGUF's types map without rounding anything: Q4_0 (`d·(q − 8)`) is `s = d`, `z = 0` with symmetric
+//! integer zeros; Q4_1 (`d·q + m`) is `s = d`, `z = m + 8d` (one f32 addition: exact unless `m` and `8d`
+//! are more than 24 binary orders apart, where `z` is within ½ ulp — [`Int8Codes`] counts nothing of that,
+//! [`read_gguf_linear`] reports it); Q5_0 and Q8_0 become [`Int8Codes`]: codes `q − 16` and `q` with scale
+//! `d`, run by the W8A16 kernels (or as two 4-bit planes on the W4A8 path).
 
 use int4_cache::quant_config::NormalizedConfig;
+use int4_gguf::GgmlType;
 use int4_layout::convert::params_from_integer_zeros;
 use int4_layout::gptq::{self, ZeroFormat};
 use int4_layout::{Codes, GroupParams, GroupSize, rowmajor};
@@ -50,6 +58,11 @@ pub enum QuantFormat {
         /// Integer zero points stored (`zero_point: true`), else symmetric.
         zero_point: bool,
     },
+    /// A GGUF's block-quantized tensors (group 32).
+    Gguf {
+        /// How the policy sees it: float zeros (any Q4_1 layer) as `cpu_int4`, else symmetric.
+        kind: CheckpointKind,
+    },
 }
 
 impl QuantFormat {
@@ -83,6 +96,10 @@ impl QuantFormat {
                 }
                 QuantFormat::Awq { group, zero_point: field("zero_point").as_bool().unwrap_or(true) }
             }
+            "gguf" => {
+                let float_zeros = field("float_zeros").as_bool().unwrap_or(false);
+                QuantFormat::Gguf { kind: if float_zeros { CheckpointKind::CpuInt4 } else { CheckpointKind::GptqSym } }
+            }
             other => return Err(bad(format!("quant_method {other} is not supported"))),
         };
         Ok(Some(format))
@@ -92,6 +109,7 @@ impl QuantFormat {
     pub fn group(&self) -> GroupSize {
         match self {
             QuantFormat::CpuInt4 { group } | QuantFormat::Gptq { group, .. } | QuantFormat::Awq { group, .. } => *group,
+            QuantFormat::Gguf { .. } => GroupSize::G32,
         }
     }
 
@@ -103,6 +121,7 @@ impl QuantFormat {
             QuantFormat::Gptq { sym: false, .. } | QuantFormat::Awq { zero_point: true, .. } => {
                 CheckpointKind::GptqAsym
             }
+            QuantFormat::Gguf { kind } => *kind,
         }
     }
 
@@ -110,6 +129,11 @@ impl QuantFormat {
     pub fn stores(&self, ckpt: &Checkpoint, prefix: &str) -> bool {
         match self {
             QuantFormat::CpuInt4 { .. } => ckpt.has(&format!("{prefix}.weight_packed")),
+            QuantFormat::Gguf { .. } => {
+                ckpt.gguf().and_then(|g| g.tensor(&format!("{prefix}.weight"))).is_some_and(|t| {
+                    matches!(t.ggml_type, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
+                })
+            }
             _ => ckpt.has(&format!("{prefix}.qweight")),
         }
     }
@@ -200,6 +224,147 @@ impl QuantLinear {
     }
 }
 
+/// Weights stored as int8 codes with an f32 scale per 32 inputs: `w = d·q` (GGUF Q8_0, and Q5_0 as
+/// `q − 16`). Row-major `[N][K]` codes, `[N][K/32]` scales.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Int8Codes {
+    /// Output channels.
+    pub n: usize,
+    /// Input channels (a multiple of 32).
+    pub k: usize,
+    /// Codes `[N][K]`.
+    pub codes: Vec<i8>,
+    /// Scales `[N][K/32]`.
+    pub scales: Vec<f32>,
+}
+
+impl Int8Codes {
+    /// Quantizes `w` (`[n][k]`, `k` a multiple of 32) on llama.cpp's Q8_0 grid: per 32 inputs `d = amax/127`
+    /// and `q = round(w·(1/d))` (ties away from zero, as llama.cpp rounds), with `d` kept in f32. `name` is
+    /// used in errors.
+    pub fn quantize(name: &str, w: &[f32], n: usize, k: usize) -> Result<Self> {
+        if !k.is_multiple_of(32) || w.len() != n * k {
+            return Err(Error::input(name, format!("8-bit weights need K a multiple of 32 and {n}×{k} values")));
+        }
+        if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+            return Err(Error::checkpoint(name, format!("weight {i} is {}", w[i])));
+        }
+        let mut codes = Vec::with_capacity(w.len());
+        let mut scales = Vec::with_capacity(w.len() / 32);
+        for block in w.chunks_exact(32) {
+            let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            scales.push(d);
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            codes.extend(block.iter().map(|&v| (v * inv).round().clamp(-127.0, 127.0) as i8));
+        }
+        Ok(Int8Codes { n, k, codes, scales })
+    }
+
+    /// The weights `[N][K]`, dequantized (`d·q`, as ggml computes them).
+    pub fn dequantized(&self) -> Vec<f32> {
+        self.codes.iter().enumerate().map(|(i, &q)| f32::from(q) * self.scales[i / 32]).collect()
+    }
+}
+
+/// A linear layer as a quantized checkpoint stores it.
+#[derive(Clone, Debug)]
+pub enum StoredLinear {
+    /// 4-bit codes and parameters.
+    Four(QuantLinear),
+    /// 8-bit codes (GGUF Q5_0 and Q8_0).
+    Eight(Int8Codes),
+}
+
+impl StoredLinear {
+    /// The weights `[N][K]` in the checkpoint's own K order, dequantized.
+    pub fn dequantized(&self) -> Vec<f32> {
+        match self {
+            StoredLinear::Four(q) => q.dequantized(),
+            StoredLinear::Eight(q) => q.dequantized(),
+        }
+    }
+
+    /// Stacks layers that share an input along N: all 4-bit ([`QuantLinear::stack`]), or all 8-bit, where
+    /// a Q4_0 part (symmetric, `d·(q − 8)`) joins as 8-bit codes `q − 8` exactly. A Q4_1 part (float zeros)
+    /// fused with 8-bit parts cannot share their kernels and is an error naming the layer.
+    pub fn stack(parts: Vec<StoredLinear>, name: &str) -> Result<StoredLinear> {
+        if parts.iter().all(|p| matches!(p, StoredLinear::Four(_))) {
+            let four = parts.into_iter().filter_map(|p| if let StoredLinear::Four(q) = p { Some(q) } else { None });
+            return QuantLinear::stack(four.collect(), name).map(StoredLinear::Four);
+        }
+        let k = match &parts[0] {
+            StoredLinear::Four(q) => q.codes.k(),
+            StoredLinear::Eight(q) => q.k,
+        };
+        let (mut n, mut codes, mut scales) = (0, Vec::new(), Vec::new());
+        for p in parts {
+            let eight = match p {
+                StoredLinear::Eight(q) => q,
+                StoredLinear::Four(q) if q.zeros == IntegerZeros::Symmetric && q.perm.is_none() => {
+                    let (rows, groups) = (q.codes.n(), q.params.groups());
+                    Int8Codes {
+                        n: rows,
+                        k: q.codes.k(),
+                        codes: q.codes.as_slice().iter().map(|&c| c as i8 - 8).collect(),
+                        scales: (0..rows * groups).map(|i| q.params.scale(i / groups, i % groups)).collect(),
+                    }
+                }
+                StoredLinear::Four(_) => {
+                    return Err(Error::checkpoint(
+                        name,
+                        "a layer stored with float zeros (Q4_1) is fused with 8-bit layers: they cannot share \
+                         one input's kernels",
+                    ));
+                }
+            };
+            if eight.k != k {
+                return Err(Error::checkpoint(name, "the fused layers' input widths differ"));
+            }
+            n += eight.n;
+            codes.extend(eight.codes);
+            scales.extend(eight.scales);
+        }
+        Ok(StoredLinear::Eight(Int8Codes { n, k, codes, scales }))
+    }
+}
+
+/// Reads linear `prefix` (`<prefix>.weight`, `n × k`) of a GGUF checkpoint as its blocks store it.
+pub fn read_gguf_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize) -> Result<StoredLinear> {
+    let name = format!("{prefix}.weight");
+    let gguf = ckpt.gguf().ok_or_else(|| Error::checkpoint(&name, "the checkpoint is not a GGUF"))?;
+    let t = gguf.tensor(&name).ok_or_else(|| Error::checkpoint(&name, "tensor is missing from the GGUF"))?;
+    if t.shape != [n, k] {
+        return Err(Error::checkpoint(&name, format!("shape {:?}, expected [{n}, {k}]", t.shape)));
+    }
+    let ctx = format!("{name} (in {})", gguf.file().path().display());
+    let b = gguf.blocks(&name).map_err(crate::error::at(&ctx))?;
+    let groups = k / 32;
+    if let Some(i) = b.d.iter().chain(b.m.iter().flatten()).position(|x| !x.is_finite()) {
+        return Err(Error::checkpoint(ctx, format!("block parameter {i} is not finite")));
+    }
+    let err = |e: int4_layout::LayoutError| Error::new(&name, ErrorKind::from(e));
+    Ok(match t.ggml_type {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            let codes = Codes::new(n, k, b.codes.iter().map(|&q| q as u8).collect()).map_err(err)?;
+            let (zero, zeros) = match &b.m {
+                // d·q + m = d·(q − 8) + (m + 8d).
+                Some(m) => (b.d.iter().zip(m).map(|(&d, &m)| m + 8.0 * d).collect(), IntegerZeros::Absent),
+                None => (vec![0.0; n * groups], IntegerZeros::Symmetric),
+            };
+            let params = GroupParams::new(n, k, GroupSize::G32, b.d, zero).map_err(err)?;
+            StoredLinear::Four(QuantLinear { codes, params, zeros, perm: None })
+        }
+        _ => StoredLinear::Eight(Int8Codes { n, k, codes: b.codes, scales: b.d }),
+    })
+}
+
+/// How many of a Q4_1 tensor's blocks have a zero `m + 8d` that f32 cannot hold exactly (their weights
+/// are then within ½ ulp of that zero of ggml's `d·q + m`; every other weight is exact).
+pub fn inexact_q4_1_zeros(d: &[f32], m: &[f32]) -> usize {
+    d.iter().zip(m).filter(|&(&d, &m)| f64::from(m + 8.0 * d) != f64::from(m) + 8.0 * f64::from(d)).count()
+}
+
 /// Reads the quantized linear `prefix` of shape `n × k`.
 pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: &QuantFormat) -> Result<QuantLinear> {
     let err = |e: int4_layout::LayoutError| Error::new(prefix, ErrorKind::from(e));
@@ -284,6 +449,10 @@ pub fn read_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize, format: 
             let zeros = integer_zeros(zero_points.as_deref(), n, groups);
             Ok(QuantLinear { codes, params, zeros, perm: None })
         }
+        QuantFormat::Gguf { .. } => match read_gguf_linear(ckpt, prefix, n, k)? {
+            StoredLinear::Four(q) => Ok(q),
+            StoredLinear::Eight(_) => Err(Error::checkpoint(prefix, "is stored in 8 bits (Q5_0 or Q8_0), not 4")),
+        },
     }
 }
 

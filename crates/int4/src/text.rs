@@ -100,7 +100,10 @@ impl TextCodec {
     /// Loads `tokenizer.json` and the chat template of `model`: `chat_template.jinja` if it has one, else
     /// the `chat_template` key of `tokenizer_config.json`.
     pub fn load_in(model: &ModelDir) -> Result<Self> {
-        let tj = model.path().join("tokenizer.json").display().to_string();
+        let tj = match model.gguf() {
+            Some(g) => format!("{} (its tokenizer)", g.file().path().display()),
+            None => model.path().join("tokenizer.json").display().to_string(),
+        };
         let bytes = model
             .read("tokenizer.json", TOKENIZER_CAP)?
             .ok_or_else(|| Error::config(&tj, "is missing: the model has no tokenizer"))?;

@@ -1,12 +1,21 @@
-//! Reading tensors from a checkpoint's safetensors files, each mapped by `int4_safetensors::MappedFile`.
+//! Reading tensors from a checkpoint: its safetensors files, each mapped by `int4_safetensors::MappedFile`,
+//! or a GGUF mapped by `int4_gguf`.
 //!
 //! One `model.safetensors`, or shards listed by `model.safetensors.index.json`. Tensor data is not assumed
 //! aligned (a header of odd length puts every tensor at an odd offset): values are decoded byte-wise from
 //! the mapping. bf16, f16 and f32 are accepted; anything else is an error naming the tensor.
+//!
+//! A GGUF's tensors are named and shaped as the Hugging Face checkpoint's ([`int4_gguf::GgufModel`]), so
+//! every reader above this one asks for `model.layers.0.self_attn.q_proj.weight` either way. Its
+//! block-quantized tensors (Q4_0, Q4_1, Q5_0, Q8_0) are read as stored by `crate::quantized`; as f32 here,
+//! they are dequantized exactly.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use int4_gguf::{GgmlType, GgufModel};
 use int4_safetensors::{Dtype, MappedFile};
 
 use crate::error::{Error, Result, at};
@@ -46,11 +55,20 @@ pub struct StoredTensor<'a> {
 pub struct Checkpoint {
     shards: Vec<Shard>,
     entries: HashMap<String, Entry>,
+    gguf: Option<GgufSource>,
+}
+
+/// A GGUF checkpoint: the model, and its mapping registered with the SIGBUS report.
+struct GgufSource {
+    // Declared before the model, so dropped before the mapping it guards.
+    _guard: int4_cache::sigbus::MappingGuard,
+    model: Arc<GgufModel>,
 }
 
 impl std::fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Checkpoint").field("tensors", &self.entries.len()).finish_non_exhaustive()
+        let tensors = self.gguf.as_ref().map_or(self.entries.len(), |g| g.model.tensors().len());
+        f.debug_struct("Checkpoint").field("tensors", &tensors).finish_non_exhaustive()
     }
 }
 
@@ -63,6 +81,16 @@ impl Checkpoint {
     /// Opens the safetensors files of `model`: `model.safetensors`, or the shards that
     /// `model.safetensors.index.json` names, each tensor taken from the shard its `weight_map` names.
     pub fn open_in(model: &ModelDir) -> Result<Self> {
+        if let Some(gguf) = model.gguf() {
+            let path = gguf.file().path();
+            let guard = int4_cache::sigbus::MappingGuard::register_file(
+                gguf.file().bytes_all(),
+                &format!("the model file {}", path.display()),
+                "a model's files must not change while it runs",
+            );
+            let gguf = Some(GgufSource { _guard: guard, model: Arc::clone(gguf) });
+            return Ok(Checkpoint { shards: Vec::new(), entries: HashMap::new(), gguf });
+        }
         const INDEX: &str = "model.safetensors.index.json";
         let index_path = || model.path().join(INDEX).display().to_string();
         // Shard file names, and for an index, which shard each tensor is read from.
@@ -113,10 +141,16 @@ impl Checkpoint {
             );
             shards.push(Shard { _guard: guard, path, file });
         }
-        Ok(Checkpoint { shards, entries })
+        Ok(Checkpoint { shards, entries, gguf: None })
     }
 
-    /// Every tensor as stored, in file order ([`Checkpoint::files`], then by offset).
+    /// The GGUF the checkpoint is, if it is one.
+    pub fn gguf(&self) -> Option<&GgufModel> {
+        self.gguf.as_ref().map(|g| &*g.model)
+    }
+
+    /// Every tensor as stored, in file order ([`Checkpoint::files`], then by offset); a GGUF's block-quantized
+    /// tensors have no safetensors form, so none of a GGUF's are listed.
     pub fn stored_tensors(&self) -> Vec<StoredTensor<'_>> {
         let mut v: Vec<(Entry, StoredTensor<'_>)> =
             self.entries.iter().map(|(n, &e)| (e, self.stored_at(n, e))).collect();
@@ -136,39 +170,59 @@ impl Checkpoint {
         StoredTensor { name, dtype: t.dtype, shape: &t.shape, bytes: file.bytes(e.index), file: e.shard }
     }
 
-    /// The safetensors files, in the order they were opened.
+    /// The model's files (the safetensors files in the order they were opened, or the GGUF).
     pub fn files(&self) -> Vec<PathBuf> {
-        self.shards.iter().map(|s| s.path.clone()).collect()
+        match &self.gguf {
+            Some(g) => vec![g.model.file().path().to_path_buf()],
+            None => self.shards.iter().map(|s| s.path.clone()).collect(),
+        }
     }
 
     /// Each safetensors file as held: its path, the metadata of the descriptor that was mapped, and the
     /// whole mapping — what a content identity of the checkpoint hashes, so it is the identity of the bytes
     /// this checkpoint reads even if a path is renamed over meanwhile.
     pub fn held_files(&self) -> Vec<(&Path, &std::fs::Metadata, &[u8])> {
+        if let Some(g) = &self.gguf {
+            let file = g.model.file();
+            // A GGUF opened by path is always mapped, so it has the mapped descriptor's metadata.
+            return file.file_metadata().map(|m| (file.path(), m, file.bytes_all())).into_iter().collect();
+        }
         self.shards.iter().map(|s| (s.path.as_path(), s.file.metadata(), s.file.bytes_all())).collect()
     }
 
-    /// Every tensor's name and dtype (as safetensors spells it), sorted by name.
+    /// Every tensor's name and dtype (as safetensors spells it, or the GGUF type in capitals: `Q4_1`),
+    /// sorted by name.
     pub fn tensors(&self) -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> =
-            self.stored_tensors().iter().map(|t| (t.name.to_string(), format!("{:?}", t.dtype))).collect();
+        let mut v: Vec<(String, String)> = match &self.gguf {
+            Some(g) => g.model.tensors().iter().map(|t| (t.hf_name.clone(), gguf_dtype(t.ggml_type))).collect(),
+            None => self.stored_tensors().iter().map(|t| (t.name.to_string(), format!("{:?}", t.dtype))).collect(),
+        };
         v.sort();
         v
     }
 
-    /// A tensor's dtype (as safetensors spells it), if the checkpoint has it.
+    /// A tensor's dtype (as safetensors spells it, or the GGUF type in capitals), if the checkpoint has it.
     pub fn dtype(&self, name: &str) -> Option<String> {
-        self.stored(name).map(|t| format!("{:?}", t.dtype))
+        match &self.gguf {
+            Some(g) => g.model.tensor(name).map(|t| gguf_dtype(t.ggml_type)),
+            None => self.stored(name).map(|t| format!("{:?}", t.dtype)),
+        }
     }
 
     /// Whether the checkpoint has a tensor.
     pub fn has(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
+        match &self.gguf {
+            Some(g) => g.model.tensor(name).is_some(),
+            None => self.entries.contains_key(name),
+        }
     }
 
     /// A tensor's shape.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
-        self.stored(name).map(|t| t.shape)
+        match &self.gguf {
+            Some(g) => g.model.tensor(name).map(|t| t.shape.as_slice()),
+            None => self.stored(name).map(|t| t.shape),
+        }
     }
 
     /// A tensor as stored, and how an error about it names it (the tensor and its file).
@@ -206,8 +260,19 @@ impl Checkpoint {
         Ok(self.raw(name, shape, &[Dtype::U8, Dtype::I8])?.0.to_vec())
     }
 
-    /// A tensor as f32 (from bf16, f16 or f32), checked against the expected shape.
+    /// A tensor as f32 (from bf16, f16 or f32; from a GGUF, any type it reads, dequantized exactly),
+    /// checked against the expected shape.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        if let Some(g) = &self.gguf {
+            let path = g.model.file().path().display().to_string();
+            let ctx = format!("{name} (in {path})");
+            let t = g.model.tensor(name).ok_or_else(|| Error::checkpoint(name, "tensor is missing from the GGUF"))?;
+            if t.shape != shape {
+                return Err(Error::checkpoint(ctx, format!("shape {:?}, expected {:?}", t.shape, shape)));
+            }
+            let out = g.model.tensor_f32(name).map_err(at(&ctx))?;
+            return finite(out, &ctx);
+        }
         let (t, ctx) = self.find(name)?;
         if t.shape != shape {
             return Err(Error::checkpoint(ctx, format!("shape {:?}, expected {:?}", t.shape, shape)));
@@ -223,9 +288,19 @@ impl Checkpoint {
         if out.len() != n {
             return Err(Error::checkpoint(ctx, format!("holds {} values, its shape needs {n}", out.len())));
         }
-        if let Some(i) = out.iter().position(|x| !x.is_finite()) {
-            return Err(Error::checkpoint(ctx, format!("value {i} is {}", out[i])));
-        }
-        Ok(out)
+        finite(out, &ctx)
     }
+}
+
+/// `values`, unless one is not finite (an error naming it).
+fn finite(values: Vec<f32>, ctx: &str) -> Result<Vec<f32>> {
+    match values.iter().position(|x| !x.is_finite()) {
+        Some(i) => Err(Error::checkpoint(ctx, format!("value {i} is {}", values[i]))),
+        None => Ok(values),
+    }
+}
+
+/// A GGUF tensor type as [`Checkpoint::dtype`] names it: ggml's name in capitals (`Q4_1`, `F32`).
+pub fn gguf_dtype(t: GgmlType) -> String {
+    t.name().to_ascii_uppercase()
 }

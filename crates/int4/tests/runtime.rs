@@ -9,7 +9,7 @@ use int4::kernels::isa::{IsaCaps, IsaLevel};
 use int4::kernels::w4a16::W4A16Config;
 use int4::layout::GroupSize;
 use int4::layout::tinygemm::TinygemmBlock;
-use int4::{Checkpoint, Model, ModelConfig, Numerics, argmax};
+use int4::{Checkpoint, HeadBits, Model, ModelConfig, Numerics, argmax};
 use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
 
 fn load(dir: &Path, numerics: Numerics) -> Model {
@@ -21,7 +21,9 @@ fn w4a16(level: IsaLevel, threshold: usize) -> Numerics {
     let config = W4A16Config { dequant_threshold: threshold, direct_dequant: true };
     let spec = LayerSpec::W4a16 { block: TinygemmBlock::N32, direct_dequant: true, prefill_from: threshold };
     let kernels = int4::kernels::choice::at_level(spec, level, IsaCaps::process()).unwrap();
-    Numerics::W4a16 { block: TinygemmBlock::N32, group: GroupSize::G32, config, kernels }
+    let eight = LayerSpec::W8a16 { prefill_from: int4::kernels::choice::W8A16_PREFILL_FROM_ROWS };
+    let eight = int4::kernels::choice::at_level(eight, level, IsaCaps::process()).unwrap();
+    Numerics::W4a16 { block: TinygemmBlock::N32, group: GroupSize::G32, config, kernels, eight, head: HeadBits::Four }
 }
 
 fn levels() -> Vec<IsaLevel> {

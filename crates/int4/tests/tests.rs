@@ -12,6 +12,8 @@ mod bad_inputs;
 mod fuzz_loaders;
 // Every layer runs the kernels its plan names, at every ISA level this machine offers.
 mod kernel_choice;
+// GGUF checkpoints as stored: every type, every path, the cache, the tokenizer, directories and repo ids.
+mod gguf_models;
 // Sessions past 4096 tokens without memory growth, and several threads on one model.
 mod long_runs;
 // The shipped Q4_1 GGUF's weights reproduced exactly by the W4A16 and W4A8 layouts.

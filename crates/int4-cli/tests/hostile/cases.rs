@@ -70,6 +70,7 @@ pub fn all(root: &Path, tiny: &Path, cache: &Path, bin: &Path) -> Vec<Case> {
     artifact_cache(root, tiny, cache, &mut cases);
     key_matrix(tiny, &mut cases);
     flags_and_streams(root, tiny, &mut cases);
+    ggufs(root, &mut cases);
     cases
 }
 
@@ -1328,13 +1329,13 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
             "outside the vocabulary",
         ),
         ("no-prompt", Invocation::new(&["generate", &t]), "give a prompt"),
-        ("dir-nonexistent", Invocation::new(&["generate", "/nonexistent", "w1"]), "No such file"),
+        ("dir-nonexistent", Invocation::new(&["generate", "/nonexistent", "w1"]), "no such file or directory"),
         (
             "dir-is-file",
             Invocation::new(&["generate", &s(&tiny.join("config.json")), "w1"]),
             "is not a model directory",
         ),
-        ("dir-is-devnull", Invocation::new(&["generate", "/dev/null", "w1"]), "is not a model directory"),
+        ("dir-is-devnull", Invocation::new(&["generate", "/dev/null", "w1"]), "is not a model"),
         ("context-zero", g(&["--context", "0"]), "context"),
     ];
     for (name, inv, msg) in errors {
@@ -1529,6 +1530,97 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
     for (name, inv, expect) in evals {
         cases.push(case(format!("eval-{name}"), inv, expect));
     }
+}
+
+// --- GGUF files and repo ids ------------------------------------------------------------------------------
+
+/// Where the tensor-info record of `name` keeps its ggml type: after the name, the dimension count and the
+/// dimensions.
+fn type_field(bytes: &[u8], name: &str) -> usize {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend(name.as_bytes());
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the tensor's record") + key.len();
+    let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    at + 4 + 8 * n_dims
+}
+
+/// A copy of the GGUF `base` as `root/name`, its bytes edited.
+fn gguf_with(root: &Path, base: &Path, name: &str, edit: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+    let mut bytes = std::fs::read(base).unwrap();
+    edit(&mut bytes);
+    let p = root.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn ggufs(root: &Path, cases: &mut Vec<Case>) {
+    use int4_test_support::gguf::{tiny_llama, ty};
+    let dir = root.join("ggufs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty_hub = dir.join("empty-hub");
+    std::fs::create_dir_all(&empty_hub).unwrap();
+    let hub = s(&empty_hub);
+    let run_on = |p: &Path| generate(p).env("HF_HUB_CACHE", &hub);
+    let good = tiny_llama(&dir, "good-Q4_1.gguf", true, |_| ty::Q4_1).path;
+    let fallbacks =
+        tiny_llama(&dir, "q4_k_m-like.gguf", false, |n| if n.contains("v_proj") { ty::Q8_0 } else { ty::Q5_0 });
+    cases.push(case("gguf-q4_1", run_on(&good), Expect::Ok));
+    cases.push(case("gguf-q5_0-q8_0", run_on(&fallbacks.path), Expect::Ok));
+    for path in ["w4a8", "wna16", "f32"] {
+        cases.push(case(format!("gguf-q4_1-{path}"), generate_with(&good, &["--path", path]), Expect::Ok));
+    }
+    let len = std::fs::metadata(&good).unwrap().len() as usize;
+    for (what, keep) in [("magic", 3), ("header", 20), ("metadata", 200), ("tensor-table", len / 2), ("data", len - 1)]
+    {
+        let cut = gguf_with(&dir, &good, &format!("truncated-{what}.gguf"), |b| b.truncate(keep));
+        let words = if what == "data" || what == "tensor-table" { "past the end" } else { "truncated" };
+        cases.push(case(format!("gguf-truncated-{what}"), run_on(&cut), Expect::Error(words)));
+    }
+    let retyped = |name: &str, file: &str, t: u32| {
+        gguf_with(&dir, &good, file, |b| {
+            let at = type_field(b, name);
+            b[at..at + 4].copy_from_slice(&t.to_le_bytes());
+        })
+    };
+    let lie = retyped("blk.0.ffn_up.weight", "type-size-disagree.gguf", ty::Q8_0);
+    cases.push(case("gguf-type-and-size-disagree", run_on(&lie), Expect::Error("disagrees with the file's layout")));
+    let unknown = retyped("blk.1.attn_q.weight", "unknown-type.gguf", 99);
+    cases.push(case("gguf-unknown-type", run_on(&unknown), Expect::Error("unknown ggml tensor type 99")));
+    let last = retyped("output_norm.weight", "unsupported-type.gguf", 16);
+    cases.push(case("gguf-unsupported-type", run_on(&last), Expect::Error("iq2_xxs")));
+    let nan = gguf_with(&dir, &good, "nan-scale.gguf", |b| {
+        // The first tensor (the embedding, Q4_1) starts the data section: its first block's d is NaN.
+        let data = data_start(b);
+        b[data..data + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    });
+    cases.push(case("gguf-nan-scale", run_on(&nan), Expect::Error("not finite")));
+    let arch = gguf_with(&dir, &good, "other-arch.gguf", |b| {
+        let at = b.windows(5).position(|w| w == b"llama").unwrap();
+        b[at..at + 5].copy_from_slice(b"qwen9");
+    });
+    cases.push(case("gguf-other-architecture", run_on(&arch), Expect::Error("only \"llama\"")));
+    let json = write(&dir, "json.gguf", "{\"not\": \"a gguf\"}");
+    cases.push(case("gguf-json", run_on(&json), Expect::Error("is not a model directory or a GGUF file")));
+    let two = dir.join("two");
+    std::fs::create_dir_all(&two).unwrap();
+    std::fs::copy(&good, two.join("a.gguf")).unwrap();
+    std::fs::copy(&good, two.join("b.gguf")).unwrap();
+    cases.push(case("gguf-dir-with-two", run_on(&two), Expect::Error("holds 2 GGUF files")));
+    cases.push(case(
+        "repo-id-not-cached",
+        run_on(Path::new("someone/absent")),
+        Expect::Error("not in the Hugging Face cache"),
+    ));
+    cases.push(case("repo-id-bad", run_on(Path::new("someone/../x")), Expect::Error("no such file")));
+}
+
+/// The data section's start in a file the test writer made (alignment 32): the end of the last tensor-info
+/// record, rounded up. Found from the last tensor's name, which the writer puts last in the table.
+fn data_start(bytes: &[u8]) -> usize {
+    let name = b"output_norm.weight";
+    let at = bytes.windows(name.len()).rposition(|w| w == name).unwrap() + name.len();
+    let end = at + 4 + 8 + 4 + 8;
+    end.div_ceil(32) * 32
 }
 
 fn write(root: &Path, name: &str, text: &str) -> PathBuf {
