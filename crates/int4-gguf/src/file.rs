@@ -2,7 +2,7 @@
 //!
 //! The project's default model ships only as a GGUF, so we read it ourselves rather than depend on a C++
 //! library: the header, every metadata value type (nested arrays included), the tensor table, and exact
-//! dequantization to f32 of the types the runtime loads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0).
+//! dequantization to f32 of the types the runtime loads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
 //! [`GgufFile::blocks`] hands out a block-quantized tensor's codes and per-block parameters as stored, so
 //! the runtime packs them into its own layouts without a detour through f32 (and a test can check that a
 //! layout reproduces the GGUF weights bit for bit).
@@ -51,7 +51,7 @@ macro_rules! ggml_types {
         /// A ggml tensor element type, with ggml's names and numeric ids.
         ///
         /// Every type ggml defines is known here (so the size of any tensor can be checked against the file);
-        /// [`GgufFile::tensor_f32`] dequantizes only F32, F16, BF16, Q4_0, Q4_1, Q5_0 and Q8_0.
+        /// [`GgufFile::tensor_f32`] dequantizes only F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K.
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[non_exhaustive]
@@ -439,7 +439,7 @@ impl fmt::Display for GgufError {
                 write!(f, "tensor data [{start}, {end}) lies past the end of the file ({file_len} bytes)")?
             }
             GgufErrorKind::UnsupportedType(t) => {
-                write!(f, "ggml type {t} is not supported (f32, f16, bf16, q4_0, q4_1, q5_0, q8_0 are)")?
+                write!(f, "ggml type {t} is not supported (f32, f16, bf16, q4_0, q4_1, q5_0, q8_0, q4_K, q6_K are)")?
             }
             GgufErrorKind::WrongType { expected, found } => write!(f, "tensor is {found}, not {expected}")?,
             GgufErrorKind::NoSuchTensor => write!(f, "no such tensor")?,
@@ -609,8 +609,9 @@ impl GgufFile {
     }
 
     /// Tensor `name` dequantized to f32, element for element as ggml's reference dequantizers compute it
-    /// (scales widened from f16 to f32, then `q * d`, plus `m` for Q4_1). Elements are in GGUF order
-    /// (`dims[0]` fastest). Types other than F32, F16, BF16, Q4_0, Q4_1, Q5_0 and Q8_0 are an error.
+    /// (scales widened from f16 to f32, then `q * d`, plus `m` for Q4_1; Q4_K and Q6_K with their
+    /// sub-block scales in ggml's order of operations). Elements are in GGUF order (`dims[0]` fastest).
+    /// Types other than F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K are an error.
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>, GgufError> {
         let t = self.find(name)?;
         let data = self.data_of(t);
@@ -619,6 +620,7 @@ impl GgufFile {
             GgmlType::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             GgmlType::F16 => data.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             GgmlType::BF16 => data.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            GgmlType::Q6_K => data.chunks_exact(Q6_K_BYTES).flat_map(q6_k_block).collect(),
             _ => {
                 let blocks = self.blocks(name)?;
                 let mut out = Vec::with_capacity(n);
@@ -637,15 +639,17 @@ impl GgufFile {
         Ok(out)
     }
 
-    /// The content of block-quantized tensor `name` (Q4_0, Q4_1, Q5_0 or Q8_0) as stored: one code per
-    /// element in GGUF order and each block's parameters widened to f32 (block `b` covers elements
-    /// `32 b .. 32 b + 32`). See [`QuantBlocks`] for what the codes mean per type.
+    /// The content of block-quantized tensor `name` (Q4_0, Q4_1, Q5_0, Q8_0 or Q4_K) as stored: one code
+    /// per element in GGUF order and each block's parameters widened to f32 (block `b` covers elements
+    /// `32 b .. 32 b + 32`; a Q4_K super-block of 256 is eight such blocks, each with its own `d·sc` and
+    /// `−dmin·m`). See [`QuantBlocks`] for what the codes mean per type.
     pub fn blocks(&self, name: &str) -> Result<QuantBlocks, GgufError> {
         let t = self.find(name)?;
         let data = self.data_of(t);
         let ty = t.ggml_type;
         let n_blocks = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => data.len() / ty.type_size() as usize,
+            GgmlType::Q4_K => return Ok(q4_k_blocks(data)),
             other => return Err(GgufError::new(&self.path, GgufErrorKind::UnsupportedType(other), name)),
         };
         let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
@@ -703,6 +707,64 @@ fn nibbles(qs: &[u8], codes: &mut Vec<i8>) {
     codes.extend(qs.iter().map(|&q| (q >> 4) as i8));
 }
 
+/// Bytes of a Q4_K super-block: f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales and mins, 128 of nibbles.
+const Q4_K_BYTES: usize = 144;
+/// Bytes of a Q6_K super-block: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, f16 `d`.
+const Q6_K_BYTES: usize = 210;
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a K-quant super-block's 12 packed bytes (ggml's
+/// `get_scale_min_k4`).
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// A Q4_K tensor's data as 32-element blocks: element `d1·q − m1` with `d1 = d·sc`, `m1 = dmin·m` (each one
+/// exact f32 product of an f16 and a 6-bit integer), as ggml's `dequantize_row_q4_K` computes it, so
+/// `m = −m1` (`d1·q + (−m1)` rounds as `d1·q − m1` does).
+fn q4_k_blocks(data: &[u8]) -> QuantBlocks {
+    let supers = data.len() / Q4_K_BYTES;
+    let (mut codes, mut d, mut m) =
+        (Vec::with_capacity(supers * 256), Vec::with_capacity(supers * 8), Vec::with_capacity(supers * 8));
+    for b in data.chunks_exact(Q4_K_BYTES) {
+        let half = |at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let (dd, dmin, scales, qs) = (half(0), half(2), &b[4..16], &b[16..144]);
+        for (chunk, q) in qs.chunks_exact(32).enumerate() {
+            for (sub, shift) in [(2 * chunk, 0), (2 * chunk + 1, 4)] {
+                let (sc, mn) = scale_min_k4(sub, scales);
+                d.push(dd * f32::from(sc));
+                m.push(-(dmin * f32::from(mn)));
+                codes.extend(q.iter().map(|&byte| ((byte >> shift) & 0xF) as i8));
+            }
+        }
+    }
+    QuantBlocks { ggml_type: GgmlType::Q4_K, codes, d, m: Some(m) }
+}
+
+/// One Q6_K super-block dequantized as ggml's `dequantize_row_q6_K` computes it: `(d·sc)·(q − 32)`, left to
+/// right in f32, `sc` an int8 scale per 16 elements.
+fn q6_k_block(b: &[u8]) -> Vec<f32> {
+    let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = f16::from_le_bytes([b[208], b[209]]).to_f32();
+    let mut y = vec![0.0f32; 256];
+    for half in 0..2 {
+        let (ql, qh, sc, y) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..], &mut y[128 * half..]);
+        for l in 0..32 {
+            let is = l / 16;
+            let q = |low: u8, shift: u32| (i32::from(low) | ((i32::from(qh[l] >> shift) & 3) << 4)) - 32;
+            let scale = |i: usize| d * f32::from(sc[i] as i8);
+            y[l] = scale(is) * q(ql[l] & 0xF, 0) as f32;
+            y[l + 32] = scale(is + 2) * q(ql[l + 32] & 0xF, 2) as f32;
+            y[l + 64] = scale(is + 4) * q(ql[l] >> 4, 4) as f32;
+            y[l + 96] = scale(is + 6) * q(ql[l + 32] >> 4, 6) as f32;
+        }
+    }
+    y
+}
+
 /// A block-quantized tensor's content as stored (see [`GgufFile::blocks`]).
 ///
 /// | type | `codes` | weight |
@@ -711,6 +773,7 @@ fn nibbles(qs: &[u8], codes: &mut Vec<i8>) {
 /// | Q4_1 | `0..=15` | `d·q + m` |
 /// | Q5_0 | `−16..=15` (the stored 5-bit value minus 16) | `d·q` |
 /// | Q8_0 | `−128..=127` | `d·q` |
+/// | Q4_K | `0..=15` | `d·q + m`, per 32 elements: `d` = the super-block's `d` × the sub-block's 6-bit scale, `m` = −(`dmin` × its 6-bit min) |
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantBlocks {
     /// The tensor's type.
@@ -719,7 +782,7 @@ pub struct QuantBlocks {
     pub codes: Vec<i8>,
     /// Each block's scale, widened from f16.
     pub d: Vec<f32>,
-    /// Each block's minimum (Q4_1 only), widened from f16.
+    /// Each block's minimum (Q4_1 and Q4_K only; for Q4_1 widened from f16).
     pub m: Option<Vec<f32>>,
 }
 

@@ -1,11 +1,11 @@
 //! GGUF dequantization against an independent reference: llama.cpp's own Python package.
 //!
-//! What it proves: [`GgufFile::tensor_f32`] turns Q4_0, Q4_1, Q5_0, Q8_0, F16, BF16 and F32 tensors into
+//! What it proves: [`GgufFile::tensor_f32`] turns Q4_0, Q4_1, Q5_0, Q8_0, F16, BF16, F32, Q4_K and Q6_K tensors into
 //! exactly the f32 values `gguf.quants.dequantize` (gguf 0.19.0, numpy code sharing nothing with this
 //! crate) gives for the same bytes — every element compared as f32 (`==`, so -0 and +0 are equal; no NaN
 //! occurs) — and reads their names, types and dims as the `gguf` writer wrote them.
 //!
-//! The fixture (`fixtures/quants_reference.gguf`, 3.5 KB, and `fixtures/quants_reference.json`, the
+//! The fixture (`fixtures/quants_reference.gguf`, 9.2 KB, and `fixtures/quants_reference.json`, 207 KB, the
 //! expected values as f32 bit patterns) was made by `scripts/gguf_quants_reference.py`, run by hand:
 //!
 //! ```text
@@ -23,6 +23,17 @@
 //! (m = 65504 with d = 2^-24, and others on either side of the edge): the JSON lists, per block, z rounded
 //! to f32 and whether that rounding was exact, and the last test recomputes that list from the blocks the
 //! reader returns, so a runtime storing z in f32 knows which groups round.
+//!
+//! The K-quants (`q4_k.weight` [8, 512] and `q6_k.weight` [16, 256], 16 super-blocks of 256 each) have
+//! super-block scales d (and Q4_K's dmin) of ±1, ±0, every f16 subnormal edge, the smallest normals and
+//! ±65504, then four random super-blocks; Q4_K's 6-bit scales and mins take every value 0..=63, Q6_K's int8
+//! scales include −128, −1, 0 and 127. Order of operations: ggml's C (`dequantize_row_q4_K`: `d1·q − m1`
+//! with `d1 = d·sc`, `m1 = dmin·m`; `dequantize_row_q6_K`: `(d·sc)·q`, all f32) and gguf-py compute the same
+//! products in the same order, and the script, evaluating the C statement for statement in float32, found
+//! no element where they differ (`c_order_differs` in the JSON, 0 for both). Every product there is exact
+//! in f32 (an f16 × a 6- or 8-bit integer × a 4- or 6-bit code has at most 24 significant bits), so only
+//! Q4_K's subtraction rounds (1949 of its 4096 elements) and an FMA-contracted `fma(d1, q, −m1)` gives the
+//! same bits; Q6_K's other association `d·(sc·q)` is equal in value but gives +0 where the C gives −0.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -62,7 +73,12 @@ fn check_tensor(name: &str) {
     let info = file.tensor(name).unwrap_or_else(|| panic!("{name} is not in the fixture GGUF"));
 
     assert_eq!(u64::from(info.ggml_type.id()), want["ggml_type_id"].as_u64().unwrap(), "{name}: type");
-    assert_eq!(info.ggml_type.name(), want["ggml_type"].as_str().unwrap().to_lowercase(), "{name}: type name");
+    // ggml spells the K-quants "q4_K", gguf-py "Q4_K".
+    assert_eq!(
+        info.ggml_type.name().to_lowercase(),
+        want["ggml_type"].as_str().unwrap().to_lowercase(),
+        "{name}: type name"
+    );
     let dims: Vec<u64> = want["dims"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
     assert_eq!(info.dims, dims, "{name}: dims");
 
@@ -113,6 +129,16 @@ fn q5_0_matches_reference() {
 #[test]
 fn q8_0_matches_reference() {
     check_tensor("q8_0.weight");
+}
+
+#[test]
+fn q4_k_matches_reference() {
+    check_tensor("q4_k.weight");
+}
+
+#[test]
+fn q6_k_matches_reference() {
+    check_tensor("q6_k.weight");
 }
 
 #[test]
@@ -205,4 +231,90 @@ fn q4_1_inexact_zero_points_are_listed() {
     assert!(
         d.iter().zip(&m).zip(0u64..).any(|((&d, &m), i)| d == 2f32.powi(-24) && m == 65504.0 && inexact.contains(&i))
     );
+}
+
+fn int_list(v: &Value) -> Vec<i64> {
+    v.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect()
+}
+
+/// ggml-quants.c's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` of 12 packed bytes.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// The K-quant tensors' super-block parameters in the file (raw bytes, unpacked here) are the ones the
+/// JSON lists, and they cover what the fixture is meant to cover.
+#[test]
+fn k_quant_scales_are_covered() {
+    let doc = reference();
+    let file = open();
+    let specials = [0x0000, 0x8000, 0x0001, 0x03ff, 0x8001, 0x83ff, 0x0400, 0x8400, 0x7bff, 0xfbff];
+    let u16_at = |b: &[u8], at: usize| u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
+
+    let q4k = &doc["tensors"]["q4_k.weight"];
+    let data = file.tensor_data("q4_k.weight").unwrap();
+    assert_eq!(data.len() % 144, 0);
+    let (mut d, mut dmin, mut sc, mut mn) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for b in data.chunks_exact(144) {
+        d.push(u16_at(b, 0));
+        dmin.push(u16_at(b, 2));
+        for j in 0..8 {
+            let (s, m) = scale_min_k4(j, &b[4..16]);
+            sc.push(i64::from(s));
+            mn.push(i64::from(m));
+        }
+    }
+    assert_eq!(d, hex_list(&q4k["scales_f16_bits"]), "q4_k: d");
+    assert_eq!(dmin, hex_list(&q4k["mins_f16_bits"]), "q4_k: dmin");
+    assert_eq!(sc, int_list(&q4k["sub_scales"]), "q4_k: sub-block scales");
+    assert_eq!(mn, int_list(&q4k["sub_mins"]), "q4_k: sub-block mins");
+    for s in specials {
+        assert!(d.contains(&s), "q4_k: d {s:04x} missing");
+        assert!(dmin.contains(&s), "q4_k: dmin {s:04x} missing");
+    }
+    for v in 0..64 {
+        assert!(sc.contains(&v) && mn.contains(&v), "q4_k: 6-bit value {v} missing among scales or mins");
+    }
+
+    let q6k = &doc["tensors"]["q6_k.weight"];
+    let data = file.tensor_data("q6_k.weight").unwrap();
+    assert_eq!(data.len() % 210, 0);
+    let (mut d, mut sc) = (Vec::new(), Vec::new());
+    for b in data.chunks_exact(210) {
+        sc.extend(b[192..208].iter().map(|&x| i64::from(x as i8)));
+        d.push(u16_at(b, 208));
+    }
+    assert_eq!(d, hex_list(&q6k["scales_f16_bits"]), "q6_k: d");
+    assert_eq!(sc, int_list(&q6k["sub_scales"]), "q6_k: int8 scales");
+    for s in specials {
+        assert!(d.contains(&s), "q6_k: d {s:04x} missing");
+    }
+    for v in [-128, -1, 0, 127] {
+        assert!(sc.contains(&v), "q6_k: int8 scale {v} missing");
+    }
+}
+
+/// gguf-py (the reference the tests above compare with) and ggml's C order of operations agree on every
+/// K-quant element, as the script found: should a regeneration find them apart, the JSON lists where and
+/// carries the C-order values, and this test says so, because then the choice of which to match is open.
+#[test]
+fn k_quants_c_order_agrees_with_gguf_py() {
+    let doc = reference();
+    for name in ["q4_k.weight", "q6_k.weight"] {
+        let count = doc["c_order_differs"][name].as_u64().unwrap_or_else(|| panic!("{name}: no c_order_differs"));
+        let listed = doc["c_order_differs_elements"][name].as_array().unwrap().len() as u64;
+        assert_eq!(count, listed, "{name}: c_order_differs against the elements listed");
+        let n = doc["tensors"][name]["n_elements"].as_u64().unwrap();
+        assert_eq!(doc["k_quants_order"][name]["elements"].as_u64().unwrap(), n);
+        assert_eq!(
+            count, 0,
+            "{name}: gguf-py and ggml's C order differ in {count} elements (see c_order_differs_elements and the \
+             tensor's c_order_f32_bits); the tests compare with gguf-py"
+        );
+        assert!(doc["tensors"][name].get("c_order_f32_bits").is_none());
+    }
 }

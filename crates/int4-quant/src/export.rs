@@ -698,14 +698,41 @@ pub fn quantize_checkpoint(
         )
         .into());
     }
-    // The input: a directory with an unquantized config.
-    if !input.is_dir() {
+    // The input: a directory with an unquantized config (a GGUF is told apart below).
+    if !input.is_dir() && !input.is_file() {
         return Err(
             QuantizeErrorKind::Input { path: input.to_path_buf(), message: "is not a model directory".into() }.into()
         );
     }
     // The input's files are read through the runtime's ModelDir (names confined, regular files, capped).
     let model = ModelDir::open(input).map_err(QuantizeErrorKind::Model)?;
+    if let Some(gguf) = model.gguf() {
+        let quantized: Vec<String> = gguf
+            .tensors()
+            .iter()
+            .filter(|t| t.ggml_type.block_size() > 1)
+            .map(|t| t.ggml_type.name().to_ascii_uppercase())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !quantized.is_empty() {
+            return Err(QuantizeErrorKind::AlreadyQuantized {
+                path: input.to_path_buf(),
+                what: format!(
+                    "a GGUF of {} tensors, which int4 generate, chat, eval and info run as stored",
+                    quantized.join(", ")
+                ),
+            }
+            .into());
+        }
+        return Err(QuantizeErrorKind::Input {
+            path: input.to_path_buf(),
+            message: "is an unquantized GGUF: int4 quantize writes from safetensors checkpoints; the runtime \
+                      runs this file directly, quantizing it at load (--group, --head-bits)"
+                .into(),
+        }
+        .into());
+    }
     let config_path = input.join("config.json");
     let config_text = model.config_text().map_err(QuantizeErrorKind::Model)?;
     let mut config_json: Value = serde_json::from_str(&config_text)

@@ -103,8 +103,8 @@ fn a_quantized_path_differs_from_the_reference() {
     let texts = text_dir("q", &[("eval-01.txt", words(120, 11))]);
     let docs = read_text(Some(&texts)).unwrap();
     for (path, group, label) in [
-        (RunPath::W4a16, GroupSize::G32, "w4a16 g32"),
-        (RunPath::W4a8, GroupSize::G32, "w4a8 g32 (per-group activation scales)"),
+        (RunPath::W4a16, GroupSize::G32, "w4a16 g32 (8-bit head)"),
+        (RunPath::W4a8, GroupSize::G32, "w4a8 g32 (per-group activation scales, 8-bit head)"),
         (RunPath::Bf16, GroupSize::G128, "bf16"),
     ] {
         let e = load(&dir, path, group);

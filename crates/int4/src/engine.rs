@@ -44,7 +44,8 @@ pub struct LoadOptions {
     pub path: RunPath,
     /// Speed or fidelity.
     pub priority: Priority,
-    /// Group size for quantizing on load (default 128).
+    /// Group size for quantizing an unquantized checkpoint on load (default 32: the group docs/quantize.md
+    /// measures as the only faithful one; a quantized checkpoint keeps its own).
     pub group_size: GroupSize,
     /// Positions the KV cache holds (the session's context, not the model's maximum).
     pub context: usize,
@@ -60,8 +61,8 @@ pub struct LoadOptions {
     pub direct_dequant: Option<bool>,
     /// W4A8: activation scales per group (default) or per token.
     pub activation_scales: ActivationScales,
-    /// W4A8: the bits of a head the checkpoint stores unquantized (default 4; 8 keeps it, and a tied
-    /// embedding, on llama.cpp's Q8_0 grid).
+    /// The bits of a head the checkpoint stores unquantized, on the packed paths (default 8: llama.cpp's
+    /// Q8_0 grid, for a tied head the embedding too, as docs/quantize.md measures; 4 is smaller and faster).
     pub head_bits: HeadBits,
     /// What the kernels may use: the plan takes nothing these caps forbid, and the layers bind their
     /// kernels under them (default: the process caps, `INT4_ISA` and `INT4_DISABLE`).
@@ -83,7 +84,7 @@ impl Default for LoadOptions {
         LoadOptions {
             path: RunPath::Auto,
             priority: Priority::Speed,
-            group_size: GroupSize::G128,
+            group_size: GroupSize::G32,
             context: 2048,
             max_kv_bytes: 4 << 30,
             // A malformed INT4_CACHE_MAX_BYTES turns the cache off here (nothing written without its cap);
@@ -442,9 +443,9 @@ fn gguf_quantization(gguf: &int4_gguf::GgufModel) -> NormalizedConfig {
     for t in gguf.tensors() {
         *types.entry(crate::weights::gguf_dtype(t.ggml_type)).or_insert(0usize) += 1;
     }
-    let blocks = |t: GgmlType| matches!(t, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0);
+    let blocks = |t: GgmlType| crate::quantized::gguf_stored_bits(t).is_some() || crate::quantized::gguf_wide(t);
     let quantized = gguf.tensors().iter().any(|t| blocks(t.ggml_type));
-    let float_zeros = gguf.tensors().iter().any(|t| t.ggml_type == GgmlType::Q4_1);
+    let float_zeros = gguf.tensors().iter().any(|t| matches!(t.ggml_type, GgmlType::Q4_1 | GgmlType::Q4_K));
     let fields = if !quantized {
         Vec::new()
     } else {
@@ -534,7 +535,7 @@ pub struct ModelInfo {
     /// Per linear kind (`qkv`, `o_proj`, `gate_up`, `down`, `lm_head`): how the checkpoint stores it and
     /// what loading does with it.
     pub layers: Vec<(String, String)>,
-    /// How an unquantized layer is quantized at load: `{"group": 128, "head_bits": 8}` (a stored layer
+    /// How an unquantized layer is quantized at load: `{"group": 32, "head_bits": 8}` (a stored layer
     /// keeps its own grid).
     pub load_quantization: serde_json::Value,
     /// For a GGUF with Q4_1 tensors: `{"q4_1_blocks": …, "inexact_zeros": …}`, the blocks whose zero
@@ -764,7 +765,9 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
             eight: eight(kernels.choice().level())?,
             head: opts.head_bits,
         },
-        PackedLayout::RowMajor => Numerics::Wna16 { group, kernels, eight: eight(IsaLevel::Portable)? },
+        PackedLayout::RowMajor => {
+            Numerics::Wna16 { group, kernels, eight: eight(IsaLevel::Portable)?, head: opts.head_bits }
+        }
         PackedLayout::W4a8Vnni => {
             Numerics::W4a8 { group, kernels, activations: opts.activation_scales, head: opts.head_bits }
         }

@@ -55,8 +55,10 @@ pub enum Numerics {
         group: GroupSize,
         /// The portable kernel (which runs every row count).
         kernels: BoundKernels,
-        /// The portable W8A16 kernels, for layers stored in 8 bits.
+        /// The portable W8A16 kernels, for layers stored in 8 bits and an 8-bit head.
         eight: BoundKernels,
+        /// Whether an unquantized head is held in 8 bits rather than 4.
+        head: HeadBits,
     },
     /// 4-bit weights, activations quantized to int8. Integer zero points as the checkpoint holds them
     /// (GPTQ), float zeros as offsets (`cpu_int4`, or quantized on load: round to nearest on the same
@@ -91,14 +93,16 @@ pub enum Numerics {
 
 /// How many bits the packed paths give a head the checkpoint stores unquantized (a head a quantized
 /// checkpoint stores runs as stored).
+/// The default, 8 bits, is measured in docs/quantize.md: on the default model the 4-bit head is most of
+/// what separates a 4-bit run from the f32 one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum HeadBits {
     /// 4 bits, like every other linear layer: the smallest and fastest.
-    #[default]
     Four,
     /// 8 bits ([`Numerics::W8a16`] on W4A16, [`Numerics::W8a8`] on W4A8): for a tied head, the embedding
-    /// too. Costs one byte per weight, which
-    /// on a small model with a large vocabulary is a sizeable share of a decode step's reads.
+    /// too. Costs one byte per weight, which on a small model with a large vocabulary is a sizeable share
+    /// of a decode step's reads.
+    #[default]
     Eight,
 }
 
@@ -167,11 +171,12 @@ impl Numerics {
         Numerics::Bf16 { kernels: best_dense(true, caps) }
     }
 
-    /// 4-bit row-major codes at `group` on the portable wna16 kernel (which runs on any CPU).
+    /// 4-bit row-major codes at `group` on the portable wna16 kernel (which runs on any CPU), the head in 4
+    /// bits too.
     pub fn wna16(group: GroupSize) -> Self {
         let spec = LayerSpec::Wna16 { prefill_from: int4_kernels::w4a16::DEFAULT_DEQUANT_THRESHOLD };
         let kernels = choice::best(spec, &IsaCaps::unrestricted()).expect("the portable kernel binds on any CPU");
-        Numerics::Wna16 { group, kernels, eight: portable_w8a16() }
+        Numerics::Wna16 { group, kernels, eight: portable_w8a16(), head: HeadBits::Four }
     }
 
     /// Whether the weights are quantized and packed (and so worth an artifact in the cache).
@@ -203,9 +208,9 @@ impl Numerics {
     /// the model's own.
     pub fn for_unquantized_head(self) -> Numerics {
         match self {
-            Numerics::W4a8 { head: HeadBits::Eight, .. } | Numerics::W4a16 { head: HeadBits::Eight, .. } => {
-                self.for_eight_bit()
-            }
+            Numerics::W4a8 { head: HeadBits::Eight, .. }
+            | Numerics::W4a16 { head: HeadBits::Eight, .. }
+            | Numerics::Wna16 { head: HeadBits::Eight, .. } => self.for_eight_bit(),
             other => other,
         }
     }
@@ -228,7 +233,7 @@ impl Numerics {
     /// The head's bits on the packed paths that choose them.
     pub fn head_bits(self) -> HeadBits {
         match self {
-            Numerics::W4a16 { head, .. } | Numerics::W4a8 { head, .. } => head,
+            Numerics::W4a16 { head, .. } | Numerics::Wna16 { head, .. } | Numerics::W4a8 { head, .. } => head,
             _ => HeadBits::Four,
         }
     }

@@ -12,9 +12,8 @@ use rayon::prelude::*;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::linear::{Linear, Numerics, SectionSource};
-use crate::quantized::{QuantFormat, StoredLinear, read_gguf_linear, read_linear};
+use crate::quantized::{QuantFormat, StoredLinear, gguf_stored_bits, gguf_wide, read_gguf_linear, read_linear};
 use crate::weights::Checkpoint;
-use int4_gguf::GgmlType;
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -462,13 +461,14 @@ impl LinearSpec {
         StoredLinear::stack(parts, &self.name).map(Some)
     }
 
-    /// Whether the checkpoint stores this layer in 8 bits (a GGUF's Q5_0 and Q8_0 parts, which a fused
-    /// Q4_0 part joins), read from the tensors' types without reading their data.
+    /// Whether this layer runs at 8 bits because of how the checkpoint stores it: a GGUF's Q5_0 and Q8_0
+    /// parts (which a fused Q4_0 part joins), or a Q6_K part (dequantized and held at 8 bits, never 4);
+    /// read from the tensors' types without reading their data.
     pub fn stored_in_eight_bits(&self, ckpt: &Checkpoint, format: Option<&QuantFormat>) -> bool {
         let (Some(QuantFormat::Gguf { .. }), Some(gguf)) = (format, ckpt.gguf()) else { return false };
-        self.parts
-            .iter()
-            .any(|(t, _)| gguf.tensor(t).is_some_and(|t| matches!(t.ggml_type, GgmlType::Q5_0 | GgmlType::Q8_0)))
+        self.parts.iter().any(|(t, _)| {
+            gguf.tensor(t).is_some_and(|t| gguf_stored_bits(t.ggml_type) == Some(8) || gguf_wide(t.ggml_type))
+        })
     }
 
     /// The numerics this layer runs with on a model run by `numerics`: 8-bit numerics for a layer stored in
@@ -583,32 +583,44 @@ impl Model {
     ) -> Vec<String> {
         let (Some(f), true) = (format, numerics.is_packed()) else { return Vec::new() };
         let specs = linear_specs(cfg, ckpt);
-        let plain: Vec<&str> = specs
+        let (wide, plain): (Vec<&LinearSpec>, Vec<&LinearSpec>) = specs
             .iter()
             .filter(|s| s.parts.iter().all(|(t, _)| !f.stores(ckpt, t.strip_suffix(".weight").unwrap_or(t))))
-            .map(|s| s.name.as_str())
-            .collect();
+            .partition(|s| s.stored_in_eight_bits(ckpt, format));
+        let plain: Vec<&str> = plain.iter().map(|s| s.name.as_str()).collect();
+        let mut notes = Vec::new();
+        if let [first, ..] = wide.as_slice() {
+            notes.push(format!(
+                "{} linear layers ({}{}) are stored in a type with more than 4 bits and no layout of their own here \
+                 ({}): they are held at 8 bits, quantized at load on llama.cpp's Q8_0 grid",
+                wide.len(),
+                first.name,
+                if wide.len() > 1 { ", …" } else { "" },
+                first.dtype(ckpt).unwrap_or_default(),
+            ));
+        }
         let how = format!("quantized at load (round to nearest, group {})", f.group().to_checkpoint());
         let head_how = if numerics.for_unquantized_head().is_eight_bit() {
             "quantized at load to 8 bits (amax/127 per 32, llama.cpp's Q8_0 grid)".to_string()
         } else {
             how.clone()
         };
-        match plain.as_slice() {
-            [] => Vec::new(),
-            [one] if *one == "lm_head" => vec![format!("lm_head is not quantized in the checkpoint: it is {head_how}")],
-            [one] => vec![format!("{one} is not quantized in the checkpoint: it is {how}")],
-            many if many.len() == specs.len() => vec![format!(
+        notes.extend(match plain.as_slice() {
+            [] => None,
+            [one] if *one == "lm_head" => Some(format!("lm_head is not quantized in the checkpoint: it is {head_how}")),
+            [one] => Some(format!("{one} is not quantized in the checkpoint: it is {how}")),
+            many if many.len() == specs.len() => Some(format!(
                 "none of the {} linear layers is quantized in the checkpoint, although its quantization_config says \
                  so: all are {how}",
                 many.len()
-            )],
-            many => vec![format!(
+            )),
+            many => Some(format!(
                 "{} linear layers ({}, …) are not quantized in the checkpoint: they are {how}",
                 many.len(),
                 many[..2].join(", ")
-            )],
-        }
+            )),
+        });
+        notes
     }
 
     /// Loads the checkpoint's weights into layers run by `numerics`. For packed numerics, `packed` gives

@@ -129,11 +129,10 @@ impl QuantFormat {
     pub fn stores(&self, ckpt: &Checkpoint, prefix: &str) -> bool {
         match self {
             QuantFormat::CpuInt4 { .. } => ckpt.has(&format!("{prefix}.weight_packed")),
-            QuantFormat::Gguf { .. } => {
-                ckpt.gguf().and_then(|g| g.tensor(&format!("{prefix}.weight"))).is_some_and(|t| {
-                    matches!(t.ggml_type, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
-                })
-            }
+            QuantFormat::Gguf { .. } => ckpt
+                .gguf()
+                .and_then(|g| g.tensor(&format!("{prefix}.weight")))
+                .is_some_and(|t| gguf_stored_bits(t.ggml_type).is_some()),
             _ => ckpt.has(&format!("{prefix}.qweight")),
         }
     }
@@ -329,6 +328,24 @@ impl StoredLinear {
     }
 }
 
+/// The bits a GGUF type's codes keep when the runtime packs them as stored: 4 for Q4_0, Q4_1 and Q4_K (the
+/// 4-bit layouts at group 32), 8 for Q5_0 and Q8_0 ([`Int8Codes`]); `None` for a type read as f32 (the
+/// unquantized types, and Q6_K, whose scale per 16 elements no group-32 layout holds: it is quantized at
+/// load to 8 bits, see [`gguf_wide`]).
+pub fn gguf_stored_bits(t: GgmlType) -> Option<u8> {
+    match t {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => Some(4),
+        GgmlType::Q5_0 | GgmlType::Q8_0 => Some(8),
+        _ => None,
+    }
+}
+
+/// Whether a GGUF type holds more than 4 bits per weight without a layout the runtime packs it in as stored
+/// (Q6_K): such a layer is dequantized and held at 8 bits, never requantized to 4.
+pub fn gguf_wide(t: GgmlType) -> bool {
+    matches!(t, GgmlType::Q6_K)
+}
+
 /// Reads linear `prefix` (`<prefix>.weight`, `n × k`) of a GGUF checkpoint as its blocks store it.
 pub fn read_gguf_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize) -> Result<StoredLinear> {
     let name = format!("{prefix}.weight");
@@ -345,7 +362,7 @@ pub fn read_gguf_linear(ckpt: &Checkpoint, prefix: &str, n: usize, k: usize) -> 
     }
     let err = |e: int4_layout::LayoutError| Error::new(&name, ErrorKind::from(e));
     Ok(match t.ggml_type {
-        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => {
             let codes = Codes::new(n, k, b.codes.iter().map(|&q| q as u8).collect()).map_err(err)?;
             let (zero, zeros) = match &b.m {
                 // d·q + m = d·(q − 8) + (m + 8d).

@@ -95,3 +95,42 @@ fn the_eight_bit_head_reproduces_the_q8_0_embedding_exactly() {
     }
     assert_eq!(differ, 0, "{differ} of {} embedding weights differ from ggml's Q8_0 dequantization", n * k);
 }
+
+/// Q4_K's sub-blocks of 32 are Q4_1's form (`d·sc·q − dmin·m`): on the random super-blocks of the GGUF
+/// reference fixture (checked against gguf-py), the W4A16 layout at group 32 decodes every weight of every
+/// block whose zero `m + 8d` f32 holds exactly to ggml's value, and every other within half an ulp of that
+/// zero.
+#[test]
+fn w4a16_reproduces_q4_k_sub_blocks() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../int4-gguf/tests/fixtures/quants_reference.gguf");
+    let gguf = GgufFile::open(&path).unwrap();
+    let t = gguf.tensor("q4_k.weight").unwrap();
+    let (k, n) = (t.dims[0] as usize, t.dims[1] as usize);
+    let b = gguf.blocks("q4_k.weight").unwrap();
+    let want = gguf.tensor_f32("q4_k.weight").unwrap();
+    let m = b.m.as_deref().unwrap();
+    let zero: Vec<f32> = b.d.iter().zip(m).map(|(&d, &m)| m + 8.0 * d).collect();
+    let exact: Vec<bool> =
+        b.d.iter().zip(m).map(|(&d, &m)| f64::from(m + 8.0 * d) == f64::from(m) + 8.0 * f64::from(d)).collect();
+    let codes = Codes::new(n, k, b.codes.iter().map(|&q| q as u8).collect()).unwrap();
+    let params = GroupParams::new(n, k, GroupSize::G32, b.d.clone(), zero.clone()).unwrap();
+    // Eight rows, padded to the layout's 16 (the padding decodes to zeros and is not compared).
+    let (codes, params, np) = (codes.padded_n(16), params.padded_n(16), n.next_multiple_of(16));
+    let packed = tinygemm::pack(&codes, TinygemmBlock::N32).unwrap();
+    let mut got = vec![0.0f32; np * k];
+    TinygemmMatrix::new(&packed, np, k, TinygemmBlock::N32).unwrap().decode_k_range(&params, 0..k, &mut got).unwrap();
+    got.truncate(n * k);
+    let mut checked_exact = 0;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let block = i / 32;
+        if exact[block] {
+            assert!(g == w, "element {i}: {g} != ggml's {w}");
+            checked_exact += 1;
+        } else {
+            let half_ulp = f64::from(zero[block].abs()) * f64::EPSILON.max(f64::from(f32::EPSILON)) / 2.0;
+            assert!(f64::from((g - w).abs()) <= half_ulp + f64::from(w.abs()) * f64::from(f32::EPSILON), "element {i}");
+        }
+    }
+    assert!(checked_exact > want.len() / 4, "only {checked_exact} weights in blocks with an exact zero");
+}

@@ -365,7 +365,9 @@ fn a_tied_head_can_be_held_in_eight_bits_on_w4a8() {
     use int4::HeadBits;
     let (quant, plain) = checkpoints("w4a8-tied-h8", Format::GptqSymV1, true);
     let want = logits(&engine(&plain, RunPath::F32, None));
-    let four = engine(&quant, RunPath::W4a8, None);
+    let four =
+        LoadOptions { path: RunPath::W4a8, context: 64, cache: None, head_bits: HeadBits::Four, ..Default::default() };
+    let four = Engine::load(&quant, &four).unwrap();
     let opts = LoadOptions {
         path: RunPath::W4a8,
         context: 64,

@@ -16,7 +16,7 @@ mod kernel_choice;
 mod gguf_models;
 // Sessions past 4096 tokens without memory growth, and several threads on one model.
 mod long_runs;
-// The shipped Q4_1 GGUF's weights reproduced exactly by the W4A16 and W4A8 layouts.
+// The shipped Q4_1 GGUF's weights, and Q4_K's sub-blocks, reproduced exactly by the W4A16 and W4A8 layouts.
 mod q4_1_exact;
 // GPTQ, AWQ and cpu_int4 checkpoints against a plain checkpoint of the same weights.
 mod quantized_checkpoints;
