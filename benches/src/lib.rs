@@ -79,10 +79,17 @@ impl PeakRssAnon {
     }
 }
 
+/// Whether `path` holds a model the runtime can open: a Hugging Face directory (with `config.json`) or a
+/// GGUF (a `.gguf` file, or a directory holding one), as the runtime's `ModelDir` reads it.
+pub fn is_model(path: &std::path::Path) -> bool {
+    path.join("config.json").exists() || int4::ModelDir::open(path).is_ok_and(|m| m.gguf().is_some())
+}
+
 /// The model directory a benchmark binary runs on: `--model DIR`, else the default model that
 /// `cargo xtask fetch-model` prepares. With `synthetic`, `--model spark-shaped` (or `smollm2-shaped`) names
 /// a synthetic model, generated under `target/bench/models/` on first use with the default model's
 /// tokenizer. Exits with a message naming `tool` when there is no model.
+/// A model is one [`is_model`] accepts.
 pub fn model_dir_arg(args: &[String], tool: &str, synthetic: bool) -> std::path::PathBuf {
     let given = args.iter().position(|a| a == "--model").and_then(|i| args.get(i + 1));
     if let Some(shape) = given.and_then(|g| synthetic::shape_named(g)) {
@@ -100,7 +107,7 @@ pub fn model_dir_arg(args: &[String], tool: &str, synthetic: bool) -> std::path:
     }
     let dir = given.map(std::path::PathBuf::from).or_else(int4::cache::dirs::default_model_dir);
     match dir {
-        Some(d) if d.join("config.json").exists() => d,
+        Some(d) if is_model(&d) => d,
         Some(d) => {
             eprintln!("{tool}: no model at {} (run `cargo xtask fetch-model`)", d.display());
             std::process::exit(1);

@@ -82,10 +82,12 @@ pub fn write_model(model: &ModelShape, out: &Path, donor: Option<&Path>) -> Resu
     }
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let donor = donor.ok_or("no tokenizer donor (give --tokenizer-from DIR)")?;
+    // Read through the runtime's ModelDir, so a GGUF donor (the default model) gives the tokenizer files its
+    // metadata makes.
+    let donor = int4::ModelDir::open(donor).map_err(|e| e.to_string())?;
     for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
-        let src = donor.join(f);
-        if src.exists() {
-            std::fs::copy(&src, out.join(f)).map_err(|e| format!("{}: {e}", src.display()))?;
+        if let Some(bytes) = donor.read(f, int4::TOKENIZER_CAP).map_err(|e| e.to_string())? {
+            std::fs::write(out.join(f), bytes).map_err(|e| format!("{}: {e}", out.join(f).display()))?;
         }
     }
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();

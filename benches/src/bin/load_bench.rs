@@ -25,7 +25,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let model = arg("--model").map(PathBuf::from).or_else(int4::cache::dirs::default_model_dir).expect("a model dir");
-    if !model.join("config.json").exists() {
+    if !int4_benches::is_model(&model) {
         eprintln!("load-bench: no model at {} (run `cargo xtask fetch-model`)", model.display());
         std::process::exit(1);
     }

@@ -20,7 +20,7 @@
 //! synthetic model with the upstream model's shapes (1.54 B parameters) and seeded random weights,
 //! generated under `target/bench/models/` on first use (speed and memory only: its outputs mean nothing).
 //!
-//! `model-bench [--quick] [--model DIR|spark-shaped] [--paths w4a16,w4a16-split,w4a8,w4a8-h8,wna16,bf16,f32]
+//! `model-bench [--quick] [--model DIR|spark-shaped] [--paths w4a16,w4a16-h8,w4a16-split,w4a8,w4a8-h8,wna16,bf16,f32]
 //! [--reps N] [--group N] [--json FILE] [--svg FILE]`; `--group` is the group size an unquantized checkpoint
 //! is quantized to at load (default 128). The JSON schema (`int4-model-bench/2`) is documented in
 //! `docs/bench.md`.
@@ -37,7 +37,7 @@ struct PathSpec {
     name: &'static str,
     path: RunPath,
     direct_dequant: Option<bool>,
-    /// Bits of a head the checkpoint stores unquantized (W4A8).
+    /// Bits of a head the checkpoint stores unquantized (a stored head runs as stored).
     head_bits: HeadBits,
     about: &'static str,
     /// Measured lightly: the first prompt length of the sweep only, at most 32 generated tokens, no
@@ -46,13 +46,21 @@ struct PathSpec {
     light: bool,
 }
 
-const PATHS: [PathSpec; 7] = [
+const PATHS: [PathSpec; 8] = [
     PathSpec {
         name: "w4a16",
         path: RunPath::W4a16,
         direct_dequant: None,
         head_bits: HeadBits::Four,
         about: "direct dequant",
+        light: false,
+    },
+    PathSpec {
+        name: "w4a16-h8",
+        path: RunPath::W4a16,
+        direct_dequant: None,
+        head_bits: HeadBits::Eight,
+        about: "direct dequant, 8-bit head (Q8_0 grid, W8A16 kernels)",
         light: false,
     },
     PathSpec {
@@ -157,7 +165,7 @@ fn main() {
         // f32 weights of a 1.54 B model are 6 GB and decode at a few tokens per second, and the portable
         // fallback prefills at a few tokens per second: both left out unless named.
         (false, true) => "w4a16,w4a16-split,w4a8,bf16",
-        (false, false) => "w4a16,w4a16-split,w4a8,w4a8-h8,wna16,bf16,f32",
+        (false, false) => "w4a16,w4a16-h8,w4a16-split,w4a8,w4a8-h8,wna16,bf16,f32",
     };
     let chosen = arg("--paths").unwrap_or_else(|| default_paths.into());
     let specs: Vec<PathSpec> = chosen

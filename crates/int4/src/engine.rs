@@ -249,10 +249,14 @@ impl Engine {
                 (Model::load(cfg, &ckpt, numerics, None, format.as_ref())?, from)
             }
         };
+        let text = TextCodec::load_in(&model_dir)?;
+        // What the load read and no longer needs (a GGUF's parsed metadata, the tokenizer's JSON) goes back
+        // before the engine runs: a warm load's anonymous memory is the model's, not its loading's.
+        drop(ckpt);
+        drop(model_dir);
         if numerics.is_packed() {
             release_freed_memory();
         }
-        let text = TextCodec::load_in(&model_dir)?;
         Ok(Engine {
             model,
             text,
