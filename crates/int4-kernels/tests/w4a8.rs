@@ -93,7 +93,19 @@ impl Layer {
     }
 }
 
+/// A test layer of `zeros`' kind, with every third group's scale negated (half of a real Q4_0 file's blocks
+/// have a negative `d`: a kernel must not assume a sign).
 fn layer(rng: &mut Rng, n: usize, k: usize, group: GroupSize, zeros: Zeros) -> Layer {
+    let mut layer = layer_of_positive_scales(rng, n, k, group, zeros);
+    for (i, s) in layer.scales.iter_mut().enumerate() {
+        if i % 3 == 1 {
+            *s = -*s;
+        }
+    }
+    layer
+}
+
+fn layer_of_positive_scales(rng: &mut Rng, n: usize, k: usize, group: GroupSize, zeros: Zeros) -> Layer {
     let w = rng.weights(n, k);
     let g = group.groups(k);
     match zeros {

@@ -124,11 +124,15 @@ impl Rng {
     }
 }
 
-/// A quantized layer like a real one.
+/// A quantized layer like a real one, with every third group's scale negated (half of a real Q4_0 file's
+/// blocks have a negative `d`: a kernel must not assume a sign).
 pub fn layer(rng: &mut Rng, n: usize, k: usize, group: GroupSize) -> (Codes, GroupParams) {
     let w = rng.weights(n, k);
     let q = quantize_asymmetric(&w, n, k, group, ScaleSearch::Shrink, ParamPrecision::F32).unwrap();
-    (q.codes, q.params)
+    let scales: Vec<f32> =
+        q.params.scales().iter().enumerate().map(|(i, &s)| if i % 3 == 1 { -s } else { s }).collect();
+    let params = GroupParams::new(n, k, group, scales, q.params.zeros().to_vec()).unwrap();
+    (q.codes, params)
 }
 
 /// Asserts `|got − reference| ≤ bound(i)` for every output, reporting the worst ratio.
