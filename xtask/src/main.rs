@@ -318,7 +318,7 @@ fn fetch_model(args: &[&str]) -> Result<()> {
             .context("no model directory: set INT4_MODEL_DIR, INT4_CACHE_DIR or HOME, or pass --dir")?,
     };
     let started = Instant::now();
-    if conversion_is_complete(&dir) {
+    if model_is_in_place(&dir) {
         eprintln!("xtask fetch-model: {} already holds the model", dir.display());
         println!("{}", dir.display());
         return Ok(());
@@ -377,7 +377,7 @@ fn fetch_model(args: &[&str]) -> Result<()> {
 }
 
 /// Whether `dir` holds the GGUF, with a marker naming this package, GGUF and layout.
-fn conversion_is_complete(dir: &Path) -> bool {
+fn model_is_in_place(dir: &Path) -> bool {
     let Ok(text) = std::fs::read_to_string(dir.join(MARKER)) else { return false };
     let Ok(marker) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
     marker["package"] == SMOL_PACKAGE

@@ -508,7 +508,7 @@ fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     if let Some(q) = &info.gguf_q4_1 {
         outln!(
-            "  q4_1 zeros   {} of {} blocks have a zero m + 8d f32 cannot hold exactly (weights within 1/2 ulp of it)",
+            "  4-bit zeros  {} of {} Q4_1/Q4_K blocks have a zero m + 8d f32 cannot hold exactly (weights within 1/2 ulp of it)",
             q["inexact_zeros"],
             q["q4_1_blocks"]
         )?;

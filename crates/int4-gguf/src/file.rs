@@ -510,10 +510,11 @@ impl GgufFile {
             // An empty file cannot be mapped; say what it is instead.
             return GgufFile::parse(path.to_path_buf(), Bytes::Owned(Vec::new()));
         }
-        // SAFETY: the mapping is read-only and private, and the file was checked to be a regular file. A
-        // model file modified or truncated underneath the process is outside what a mapped reader can
-        // defend against (the runtime registers the mapping with its SIGBUS report, which names the file);
-        // every read through the slice stays within the length the mapping was made with.
+        // SAFETY: a read-only shared mapping of a file checked to be a regular file; every read through the
+        // slice stays within the length the mapping was made with. The bytes are those of the file while it
+        // is mapped: a model file modified or truncated underneath the process is outside what a mapped
+        // reader can defend against (documented as unsupported; once the runtime's `Checkpoint` holds the
+        // mapping, its SIGBUS report names the file if a read faults).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| GgufError::new(path, GgufErrorKind::Io(e), "map"))?;
         GgufFile::parse(path.to_path_buf(), Bytes::Mapped { map, metadata })
     }

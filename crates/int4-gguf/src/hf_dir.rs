@@ -28,8 +28,7 @@ use int4_safetensors::{Dtype, FileLayout, FileWriter, TensorEntry};
 
 use crate::file::{GgmlType, GgufError, GgufFile, GgufValue, QuantBlocks};
 
-/// The version of this converter's output; `cargo xtask fetch-model` re-converts a directory written by
-/// another version.
+/// The version of this converter's output, recorded in the `model.safetensors` it writes.
 pub const CONVERTER_VERSION: u32 = 2;
 
 /// Why a conversion failed.

@@ -60,7 +60,7 @@ pub(crate) fn split_of(name: &str) -> Option<(String, u32)> {
     let (prefix, tail) = stem.split_at(cut);
     let t = tail.as_bytes();
     let digits = |r: std::ops::Range<usize>| t[r].iter().all(u8::is_ascii_digit);
-    if t[0] != b'-' || !digits(1..6) || !tail[6..10].eq_ignore_ascii_case("-of-") || !digits(10..15) {
+    if t[0] != b'-' || !digits(1..6) || !t[6..10].eq_ignore_ascii_case(b"-of-") || !digits(10..15) {
         return None;
     }
     let count: u32 = tail[10..15].parse().ok()?;
@@ -103,6 +103,9 @@ mod tests {
         assert_eq!(split_of("m-0001-of-00003.gguf"), None);
         assert_eq!(split_of("-of-.gguf"), None);
         assert_eq!(split_of("éééééééé.gguf"), None);
+        // A multi-byte character right after the first number: never a split, never a panic.
+        assert_eq!(split_of("m-00001-o€1234.gguf"), None);
+        assert_eq!(split_of("x-Q4_0-00001-o€1234.gguf"), None);
     }
 
     #[test]

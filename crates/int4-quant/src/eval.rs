@@ -261,7 +261,10 @@ pub fn numerics_label(n: Numerics) -> String {
             let head = if head == HeadBits::Eight { " (8-bit head)" } else { "" };
             format!("w4a16 {}{head}", g(group))
         }
-        Numerics::Wna16 { group, .. } => format!("wna16 {}", g(group)),
+        Numerics::Wna16 { group, head, .. } => {
+            let head = if head == HeadBits::Eight { " (8-bit head)" } else { "" };
+            format!("wna16 {}{head}", g(group))
+        }
         Numerics::W4a8 { group, activations, head, .. } => {
             let head = if head == HeadBits::Eight { ", 8-bit head" } else { "" };
             format!("w4a8 {} ({} activation scales{head})", g(group), activations.name())

@@ -725,13 +725,6 @@ pub fn quantize_checkpoint(
             }
             .into());
         }
-        return Err(QuantizeErrorKind::Input {
-            path: input.to_path_buf(),
-            message: "is an unquantized GGUF: int4 quantize writes from safetensors checkpoints; the runtime \
-                      runs this file directly, quantizing it at load (--group, --head-bits)"
-                .into(),
-        }
-        .into());
     }
     let config_path = input.join("config.json");
     let config_text = model.config_text().map_err(QuantizeErrorKind::Model)?;
@@ -965,7 +958,7 @@ pub fn quantize_checkpoint(
         }
     }
     write_json(&work.path.join("config.json"), &config_json)?;
-    let files_copied = copy_side_files(input, &work.path)?;
+    let files_copied = copy_side_files(&model, input, &work.path)?;
 
     let head = match (quantize_head, tied) {
         (true, true) => "quantized as its own lm_head (untied from the embedding, which stays unquantized)",
@@ -1133,9 +1126,20 @@ fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     std::fs::write(path, text).map_err(io_err(path))
 }
 
-/// Copies the directory's other regular files (tokenizer, generation config, chat template, licence…).
-fn copy_side_files(input: &Path, to: &Path) -> Result<Vec<String>> {
+/// Copies the directory's other regular files (tokenizer, generation config, chat template, licence…); for a
+/// GGUF, writes the files its metadata stands for (tokenizer, its config with the chat template, the
+/// generation config), never the files that happen to lie beside it.
+fn copy_side_files(model: &ModelDir, input: &Path, to: &Path) -> Result<Vec<String>> {
     let mut copied = Vec::new();
+    if model.gguf().is_some() {
+        for name in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+            if let Some(bytes) = model.read(name, int4::TOKENIZER_CAP).map_err(QuantizeErrorKind::Model)? {
+                std::fs::write(to.join(name), bytes).map_err(io_err(&to.join(name)))?;
+                copied.push(name.to_string());
+            }
+        }
+        return Ok(copied);
+    }
     for entry in std::fs::read_dir(input).map_err(io_err(input))? {
         let entry = entry.map_err(io_err(input))?;
         let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
@@ -1150,8 +1154,23 @@ fn copy_side_files(input: &Path, to: &Path) -> Result<Vec<String>> {
     Ok(copied)
 }
 
-/// Writes a tensor's stored bytes as output tensor `out`, a chunk at a time, refusing NaN or infinity.
+/// Writes a tensor's stored bytes as output tensor `out`, a chunk at a time, refusing NaN or infinity; a
+/// GGUF's Q/K rows go back to Hugging Face order, a row at a time.
 fn copy_tensor(t: &RawTensor<'_>, file: &mut FileWriter, out_path: &Path, out: usize) -> Result<()> {
+    if let (Some(heads), [rows, _]) = (t.gguf_qk_heads, t.shape) {
+        let (rows, row_bytes) = (*rows, t.bytes.len() / (*rows).max(1));
+        let hd = rows / heads.max(1);
+        for hf_row in 0..rows {
+            let (h, rem) = (hf_row / hd, hf_row % hd);
+            let stored_row = h * hd + 2 * (rem % (hd / 2)) + rem / (hd / 2);
+            let row = &t.bytes[stored_row * row_bytes..(stored_row + 1) * row_bytes];
+            if let Some((i, v)) = first_non_finite(t.dtype, row) {
+                return Err(non_finite(t, (hf_row * row_bytes) as u64 / elem_bytes(t.dtype) + i as u64, v));
+            }
+            file.write(out, (hf_row * row_bytes) as u64, row).map_err(io_err(out_path))?;
+        }
+        return Ok(());
+    }
     for (c, chunk) in t.bytes.chunks(COPY_CHUNK).enumerate() {
         if let Some((i, v)) = first_non_finite(t.dtype, chunk) {
             return Err(non_finite(t, (c * COPY_CHUNK) as u64 / elem_bytes(t.dtype) + i as u64, v));

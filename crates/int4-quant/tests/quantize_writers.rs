@@ -648,3 +648,39 @@ fn progress_reaches_the_total_and_search_helps() {
     );
     assert!(on.tensors.iter().zip(&off.tensors).all(|(a, b)| a.snr_db >= b.snr_db));
 }
+
+/// An unquantized GGUF (F16 layers, F32 norms) is an input like a Hugging Face directory: its export equals,
+/// logit for logit, the export of its f32 expansion (`gguf_to_hf`), with and without a fused layer left as
+/// stored (whose Q/K rows go back to Hugging Face order), and the tokenizer files come from its metadata;
+/// a block-quantized GGUF is refused as already quantized.
+#[test]
+fn an_unquantized_gguf_exports_like_its_expansion() {
+    use int4_test_support::gguf::{tiny_llama, ty};
+    let dir = scratch("gguf-in");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tiny = tiny_llama(&dir, "tiny-f16.gguf", true, |_| ty::F16);
+    let expansion = dir.join("expansion");
+    int4::gguf::gguf_to_hf(&tiny.path, &expansion).unwrap();
+    let prompt = [5u32, 80, 120, 7, 9, 44];
+    let run = |model: &Path| {
+        let e =
+            Engine::load(model, &LoadOptions { path: RunPath::F32, cache: None, ..LoadOptions::default() }).unwrap();
+        e.generate(&prompt, 1, int4::SamplingConfig::greedy(), |_| {}).unwrap().first_logits
+    };
+    for (name, ignore) in [("plain", vec![]), ("ignore-qkv", vec!["model.layers.1.self_attn.qkv".to_string()])] {
+        let o = QuantizeOptions { ignore, ..opts(ExportFormat::CpuInt4, false, GroupSize::G32) };
+        let (from_gguf, report) = export(&tiny.path, &format!("gguf-{name}"), &o);
+        let (from_expansion, _) = export(&expansion, &format!("expansion-{name}"), &o);
+        let (a, b) = (run(&from_gguf), run(&from_expansion));
+        assert!(a.iter().zip(&b).all(|(x, y)| x == y), "{name}: the GGUF's export differs from its expansion's");
+        for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+            assert!(report.files_copied.contains(&f.to_string()) && from_gguf.join(f).is_file(), "{name}: {f}");
+        }
+    }
+    let q = tiny_llama(&dir, "tiny-q4_0.gguf", true, |_| ty::Q4_0);
+    let e = quantize_checkpoint(&q.path, &scratch("gguf-q"), &opts(ExportFormat::CpuInt4, false, GroupSize::G32), None)
+        .unwrap_err();
+    assert!(matches!(e.kind(), QuantizeErrorKind::AlreadyQuantized { .. }), "{e}");
+    assert!(e.to_string().contains("Q4_0"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

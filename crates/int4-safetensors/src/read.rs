@@ -66,9 +66,9 @@ impl MappedFile {
     /// Maps `file` and parses its header.
     pub fn open(file: &File) -> Result<Self, ReadError> {
         let metadata = file.metadata().map_err(ReadError::Io)?;
-        // SAFETY: the mapping is read-only and private; the files mapped here (checkpoints) are not modified
-        // while they are read (as with any memory-mapped model file, truncating it underneath a running
-        // process is outside what this program can defend against).
+        // SAFETY: a read-only shared mapping; the files mapped here (checkpoints) are not modified while
+        // they are read (as with any memory-mapped model file, modifying or truncating it underneath a
+        // running process is outside what this program can defend against, and documented as unsupported).
         let map = unsafe { Mmap::map(file) }.map_err(ReadError::Io)?;
         let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(ReadError::Header)?;
         let data_start = 8 + header_len;

@@ -542,7 +542,8 @@ pub struct ModelInfo {
     /// How an unquantized layer is quantized at load: `{"group": 32, "head_bits": 8}` (a stored layer
     /// keeps its own grid).
     pub load_quantization: serde_json::Value,
-    /// For a GGUF with Q4_1 tensors: `{"q4_1_blocks": …, "inexact_zeros": …}`, the blocks whose zero
+    /// For a GGUF with Q4_1 or Q4_K tensors: `{"q4_1_blocks": …, "inexact_zeros": …}` (blocks of 32), the
+    /// blocks whose zero
     /// `m + 8d` f32 cannot hold exactly (their weights are within ½ ulp of that zero of ggml's; every other
     /// weight is exact).
     pub gguf_q4_1: Option<serde_json::Value>,
@@ -587,6 +588,10 @@ impl Engine {
                     Some(f) if stored_quantized => {
                         format!("{} 4-bit, group {}", quantization.method, f.group().to_checkpoint())
                     }
+                    Some(QuantFormat::Gguf { .. }) => {
+                        let types: Vec<String> = s.parts().iter().filter_map(|(t, _)| ckpt.dtype(t)).collect();
+                        format!("{} (read exactly)", types.join(" + "))
+                    }
                     _ => format!("unquantized {}", s.dtype(&ckpt).unwrap_or_default()),
                 };
                 let layer_numerics = s.numerics(&ckpt, format.as_ref(), numerics, is_head);
@@ -620,7 +625,9 @@ impl Engine {
         let gguf_q4_1 = match ckpt.gguf() {
             Some(g) => {
                 let (mut blocks, mut inexact) = (0, 0);
-                for t in g.tensors().iter().filter(|t| t.ggml_type == int4_gguf::GgmlType::Q4_1) {
+                let float_zeros =
+                    |t: int4_gguf::GgmlType| matches!(t, int4_gguf::GgmlType::Q4_1 | int4_gguf::GgmlType::Q4_K);
+                for t in g.tensors().iter().filter(|t| float_zeros(t.ggml_type)) {
                     let b = g.blocks(&t.hf_name).map_err(at(&t.hf_name))?;
                     blocks += b.d.len();
                     inexact += crate::quantized::inexact_q4_1_zeros(&b.d, b.m.as_deref().unwrap_or_default());

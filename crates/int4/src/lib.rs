@@ -3,7 +3,7 @@
 //! # Brief overview
 //!
 //! An [`Engine`] loads a model — a Hugging Face checkpoint directory (unquantized, `cpu_int4`, GPTQ or AWQ),
-//! or a llama.cpp GGUF file (Q4_0, Q4_1, Q5_0, Q8_0, F16, BF16, F32), read as it is stored; a repo id in the
+//! or a llama.cpp GGUF file (Q4_0, Q4_1, Q4_K, Q5_0, Q8_0, Q6_K, F16, BF16, F32), read as it is stored; a repo id in the
 //! Hugging Face cache resolves to either ([`resolve_model`]) — on a path ([`RunPath`]: the W4A16 or W4A8 kernels, or the exact bf16/f32 ones; by default what the
 //! policy picks for this CPU), packing its weights once into the artifact cache, and generates text with a
 //! callback per token:

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::linear::{Linear, Numerics, SectionSource};
 use crate::quantized::{QuantFormat, StoredLinear, gguf_stored_bits, gguf_wide, read_gguf_linear, read_linear};
 use crate::weights::Checkpoint;
+use int4_gguf::GgmlType;
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -436,9 +437,15 @@ impl LinearSpec {
     }
 
     /// The layer from a quantized checkpoint, when the checkpoint stores it quantized (`None`: it is
-    /// stored unquantized, as a GPTQ head usually is). Fused parts must all be quantized or none.
+    /// stored unquantized, as a GPTQ head usually is). Fused parts must all be quantized or none, except in
+    /// a GGUF, where a fused layer whose parts cannot be packed together as stored (a type with no layout
+    /// of its own, Q6_K; float-zero 4-bit parts beside 8-bit ones, as llama-quantize's K-quant mixes make)
+    /// is `None` too: read exactly as f32 and quantized at load, at 8 bits where a part has more than 4.
     pub fn quantized(&self, ckpt: &Checkpoint, format: Option<&QuantFormat>) -> Result<Option<StoredLinear>> {
         let Some(format) = format else { return Ok(None) };
+        if matches!(format, QuantFormat::Gguf { .. }) && !self.gguf_packs_as_stored(ckpt) {
+            return Ok(None);
+        }
         let prefixes: Vec<&str> = self.parts.iter().map(|(t, _)| t.strip_suffix(".weight").unwrap_or(t)).collect();
         let stored = prefixes.iter().filter(|p| format.stores(ckpt, p)).count();
         if stored == 0 {
@@ -461,9 +468,26 @@ impl LinearSpec {
         StoredLinear::stack(parts, &self.name).map(Some)
     }
 
+    /// For a GGUF: whether every part is stored in a form the runtime packs as it is, and the parts fit
+    /// one layout together: all 4-bit (Q4_0, Q4_1, Q4_K), or all 8-bit (Q5_0, Q8_0, which a symmetric Q4_0
+    /// part joins exactly as `q − 8`). Read from the tensors' types without reading their data.
+    pub fn gguf_packs_as_stored(&self, ckpt: &Checkpoint) -> bool {
+        let Some(gguf) = ckpt.gguf() else { return false };
+        let types: Option<Vec<GgmlType>> =
+            self.parts.iter().map(|(t, _)| gguf.tensor(t).map(|t| t.ggml_type)).collect();
+        let Some(types) = types else { return false };
+        let bits: Option<Vec<u8>> = types.iter().map(|&t| gguf_stored_bits(t)).collect();
+        match bits {
+            None => false,
+            Some(bits) if bits.iter().all(|&b| b == 4) => true,
+            Some(_) => types.iter().all(|&t| gguf_stored_bits(t) == Some(8) || t == GgmlType::Q4_0),
+        }
+    }
+
     /// Whether this layer runs at 8 bits because of how the checkpoint stores it: a GGUF's Q5_0 and Q8_0
-    /// parts (which a fused Q4_0 part joins), or a Q6_K part (dequantized and held at 8 bits, never 4);
-    /// read from the tensors' types without reading their data.
+    /// parts (which a fused Q4_0 part joins), or a part with more than 4 bits and no layout of its own
+    /// (Q6_K: dequantized and held at 8 bits, never 4), which a fused 4-bit part then follows; read from
+    /// the tensors' types without reading their data.
     pub fn stored_in_eight_bits(&self, ckpt: &Checkpoint, format: Option<&QuantFormat>) -> bool {
         let (Some(QuantFormat::Gguf { .. }), Some(gguf)) = (format, ckpt.gguf()) else { return false };
         self.parts.iter().any(|(t, _)| {
@@ -489,9 +513,18 @@ impl LinearSpec {
         }
     }
 
-    /// Whether the checkpoint stores every part of this layer quantized in `format`.
+    /// Whether the checkpoint stores every part of this layer quantized in `format` (for a GGUF: in forms
+    /// packed together as stored, [`LinearSpec::gguf_packs_as_stored`]).
     pub fn quantized_in(&self, ckpt: &Checkpoint, format: &QuantFormat) -> bool {
-        self.parts.iter().all(|(t, _)| format.stores(ckpt, t.strip_suffix(".weight").unwrap_or(t)))
+        match format {
+            QuantFormat::Gguf { .. } => self.gguf_packs_as_stored(ckpt),
+            _ => self.parts.iter().all(|(t, _)| format.stores(ckpt, t.strip_suffix(".weight").unwrap_or(t))),
+        }
+    }
+
+    /// The checkpoint tensors stacked for the weights, with their rows.
+    pub fn parts(&self) -> &[(String, usize)] {
+        &self.parts
     }
 
     /// The dtype of the first part's unquantized tensor, if stored so.
@@ -583,20 +616,24 @@ impl Model {
     ) -> Vec<String> {
         let (Some(f), true) = (format, numerics.is_packed()) else { return Vec::new() };
         let specs = linear_specs(cfg, ckpt);
-        let (wide, plain): (Vec<&LinearSpec>, Vec<&LinearSpec>) = specs
-            .iter()
-            .filter(|s| s.parts.iter().all(|(t, _)| !f.stores(ckpt, t.strip_suffix(".weight").unwrap_or(t))))
-            .partition(|s| s.stored_in_eight_bits(ckpt, format));
+        let not_stored = |s: &LinearSpec| match f {
+            QuantFormat::Gguf { .. } => !s.gguf_packs_as_stored(ckpt),
+            _ => s.parts.iter().all(|(t, _)| !f.stores(ckpt, t.strip_suffix(".weight").unwrap_or(t))),
+        };
+        let (wide, plain): (Vec<&LinearSpec>, Vec<&LinearSpec>) =
+            specs.iter().filter(|s| not_stored(s)).partition(|s| s.stored_in_eight_bits(ckpt, format));
         let plain: Vec<&str> = plain.iter().map(|s| s.name.as_str()).collect();
         let mut notes = Vec::new();
         if let [first, ..] = wide.as_slice() {
+            let types: Vec<String> = first.parts.iter().filter_map(|(t, _)| ckpt.dtype(t)).collect();
             notes.push(format!(
-                "{} linear layers ({}{}) are stored in a type with more than 4 bits and no layout of their own here \
-                 ({}): they are held at 8 bits, quantized at load on llama.cpp's Q8_0 grid",
+                "{} linear layers ({}{}, stored as {}) have parts with more than 4 bits that cannot be packed as \
+                 stored together: they are read exactly and held at 8 bits, quantized at load on llama.cpp's \
+                 Q8_0 grid",
                 wide.len(),
                 first.name,
                 if wide.len() > 1 { ", …" } else { "" },
-                first.dtype(ckpt).unwrap_or_default(),
+                types.join(" + "),
             ));
         }
         let how = format!("quantized at load (round to nearest, group {})", f.group().to_checkpoint());

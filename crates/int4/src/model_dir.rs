@@ -114,7 +114,10 @@ impl ModelDir {
         let mut found = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(at(shown()))?.take(MAX_DIR_ENTRIES) {
             let path = entry.map_err(at(shown()))?.path();
-            if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            // A projector (`mmproj`) or an importance matrix (`imatrix`) beside the model is not the model.
+            let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+            let aside = name.contains("mmproj") || name.contains("imatrix");
+            if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) && !aside {
                 found.push(path);
             }
         }

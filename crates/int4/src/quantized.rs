@@ -276,14 +276,6 @@ pub enum StoredLinear {
 }
 
 impl StoredLinear {
-    /// The weights `[N][K]` in the checkpoint's own K order, dequantized.
-    pub fn dequantized(&self) -> Vec<f32> {
-        match self {
-            StoredLinear::Four(q) => q.dequantized(),
-            StoredLinear::Eight(q) => q.dequantized(),
-        }
-    }
-
     /// Stacks layers that share an input along N: all 4-bit ([`QuantLinear::stack`]), or all 8-bit, where
     /// a Q4_0 part (symmetric, `d·(q − 8)`) joins as 8-bit codes `q − 8` exactly. A Q4_1 part (float zeros)
     /// fused with 8-bit parts cannot share their kernels and is an error naming the layer.

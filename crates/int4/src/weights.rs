@@ -7,8 +7,8 @@
 //!
 //! A GGUF's tensors are named and shaped as the Hugging Face checkpoint's ([`int4_gguf::GgufModel`]), so
 //! every reader above this one asks for `model.layers.0.self_attn.q_proj.weight` either way. Its
-//! block-quantized tensors (Q4_0, Q4_1, Q5_0, Q8_0) are read as stored by `crate::quantized`; as f32 here,
-//! they are dequantized exactly.
+//! block-quantized tensors (Q4_0, Q4_1, Q4_K, Q5_0, Q8_0) are read as stored by `crate::quantized`; as f32
+//! here, they (and Q6_K) are dequantized exactly.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -49,6 +49,10 @@ pub struct StoredTensor<'a> {
     pub bytes: &'a [u8],
     /// Which of [`Checkpoint::files`] holds it.
     pub file: usize,
+    /// For a GGUF's `q_proj`/`k_proj`: the heads whose rows llama.cpp interleaved. `bytes` holds the rows in
+    /// the GGUF's order; Hugging Face row `h·hd + t·hd/2 + i` is stored row `h·hd + 2i + t` (`hd` the rows
+    /// per head), so a copy must reorder the rows.
+    pub gguf_qk_heads: Option<usize>,
 }
 
 /// A checkpoint's tensors.
@@ -149,16 +153,44 @@ impl Checkpoint {
         self.gguf.as_ref().map(|g| &*g.model)
     }
 
-    /// Every tensor as stored, in file order ([`Checkpoint::files`], then by offset); a GGUF's block-quantized
-    /// tensors have no safetensors form, so none of a GGUF's are listed.
+    /// Every tensor as stored, in file order ([`Checkpoint::files`], then by offset). A GGUF's F32, F16 and
+    /// BF16 tensors are listed under their Hugging Face names and shapes, their bytes in place (the Q/K rows
+    /// in the GGUF's order, [`StoredTensor::gguf_qk_heads`]); its block-quantized tensors have no safetensors
+    /// form and are not.
     pub fn stored_tensors(&self) -> Vec<StoredTensor<'_>> {
+        if let Some(g) = &self.gguf {
+            let dtype = |t: GgmlType| match t {
+                GgmlType::F32 => Some(Dtype::F32),
+                GgmlType::F16 => Some(Dtype::F16),
+                GgmlType::BF16 => Some(Dtype::BF16),
+                _ => None,
+            };
+            return g
+                .model
+                .tensors()
+                .iter()
+                .filter_map(|t| {
+                    let bytes = g.model.file().tensor_data(&t.gguf_name).ok()?;
+                    let dtype = dtype(t.ggml_type)?;
+                    Some(StoredTensor {
+                        name: &t.hf_name,
+                        dtype,
+                        shape: &t.shape,
+                        bytes,
+                        file: 0,
+                        gguf_qk_heads: t.qk_heads,
+                    })
+                })
+                .collect();
+        }
         let mut v: Vec<(Entry, StoredTensor<'_>)> =
             self.entries.iter().map(|(n, &e)| (e, self.stored_at(n, e))).collect();
         v.sort_by_key(|(e, _)| (e.shard, e.index));
         v.into_iter().map(|(_, t)| t).collect()
     }
 
-    /// One tensor as stored, if the checkpoint has it.
+    /// One tensor as stored, if the checkpoint has it (a safetensors checkpoint's; see
+    /// [`Checkpoint::stored_tensors`] for a GGUF's).
     pub fn stored(&self, name: &str) -> Option<StoredTensor<'_>> {
         let (name, &e) = self.entries.get_key_value(name)?;
         Some(self.stored_at(name, e))
@@ -167,7 +199,14 @@ impl Checkpoint {
     fn stored_at<'a>(&'a self, name: &'a str, e: Entry) -> StoredTensor<'a> {
         let file = &self.shards[e.shard].file;
         let t = &file.entries()[e.index];
-        StoredTensor { name, dtype: t.dtype, shape: &t.shape, bytes: file.bytes(e.index), file: e.shard }
+        StoredTensor {
+            name,
+            dtype: t.dtype,
+            shape: &t.shape,
+            bytes: file.bytes(e.index),
+            file: e.shard,
+            gguf_qk_heads: None,
+        }
     }
 
     /// The model's files (the safetensors files in the order they were opened, or the GGUF).

@@ -220,3 +220,40 @@ fn a_gguf_is_found_in_its_directory_and_by_repo_id() {
     assert!(e.contains("not in the Hugging Face cache"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A fused layer whose parts cannot share one stored layout (q and k Q4_1, with float zeros; v Q8_0 — the
+/// shape of llama-quantize's K-quant mixes, where a Q4_K q/k meets a Q6_K or Q8_0 v) is read exactly and
+/// held at 8 bits, with a load note, on every path; the rest still runs as stored.
+#[test]
+fn a_fused_layer_of_mixed_forms_is_held_at_eight_bits() {
+    let dir = scratch("mixed");
+    let tiny = tiny_llama(&dir, "mixed.gguf", true, |name| if name.contains("v_proj") { ty::Q8_0 } else { ty::Q4_1 });
+    let prompt: Vec<u32> = (0..16).map(|i| 3 + (i * 29) % 250).collect();
+    let f32_logits = first_logits(
+        &Engine::load(&tiny.path, &LoadOptions { path: RunPath::F32, cache: None, ..LoadOptions::default() }).unwrap(),
+        &prompt,
+    );
+    let range = f32_logits.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    for path in [RunPath::W4a16, RunPath::Wna16, RunPath::W4a8] {
+        let Ok(engine) = Engine::load(&tiny.path, &LoadOptions { path, cache: None, ..LoadOptions::default() }) else {
+            eprintln!("gguf_models: SKIPPED {path} (not available here)");
+            continue;
+        };
+        assert!(
+            engine.warnings.iter().any(|w| w.contains("self_attn.qkv") && w.contains("held at 8 bits")),
+            "{path}: {:?}",
+            engine.warnings
+        );
+        let got = first_logits(&engine, &prompt);
+        let worst = got.iter().zip(&f32_logits).fold(0.0f32, |a, (g, r)| a.max((g - r).abs()));
+        assert!(worst <= 0.05 * range, "{path}: logits off by {worst} (range {range})");
+        let kernels = engine.model.kernels(1);
+        let qkv = kernels.iter().find(|k| k.layer.ends_with("qkv")).unwrap();
+        let up = kernels.iter().find(|k| k.layer.ends_with("gate_up")).unwrap();
+        if path != RunPath::W4a8 {
+            assert!(qkv.decode.name().starts_with("w8a16"), "{path}: qkv runs {}", qkv.decode);
+            assert!(!up.decode.name().starts_with("w8a16"), "{path}: gate_up runs {}", up.decode);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

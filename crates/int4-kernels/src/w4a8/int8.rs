@@ -31,7 +31,8 @@ pub struct Int8Weights {
 
 impl Int8Weights {
     /// Quantizes `w` (`[n][k]`, n a multiple of 16) per group: `s = amax/127`, `q = round(w/s)` (ties to
-    /// even), the grid llama.cpp's Q8_0 uses, so a Q8_0 tensor's exact dequantization is found again.
+    /// even; llama.cpp rounds ties away from zero, which only a weight exactly between two codes tells
+    /// apart), llama.cpp's Q8_0 grid, so a Q8_0 tensor's exact dequantization is found again.
     /// Non-finite weights are an error.
     pub fn quantize(w: &[f32], n: usize, k: usize, group: GroupSize) -> Result<Self, KernelError> {
         check_len("8-bit weights", n * k, w.len())?;
