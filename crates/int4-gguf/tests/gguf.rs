@@ -603,24 +603,6 @@ fn malformed_fields_are_refused() {
 // ---------------------------------------------------------------------------------------------------------
 // A tiny synthetic Llama, converted end to end.
 
-/// GPT-2's byte → printable-character map.
-fn byte_chars() -> Vec<char> {
-    let printable: Vec<u32> =
-        ('!' as u32..='~' as u32).chain('¡' as u32..='¬' as u32).chain('®' as u32..='ÿ' as u32).collect();
-    let mut map = vec!['\0'; 256];
-    for &b in &printable {
-        map[b as usize] = char::from_u32(b).unwrap();
-    }
-    let mut n = 0;
-    for b in 0..256u32 {
-        if !printable.contains(&b) {
-            map[b as usize] = char::from_u32(256 + n).unwrap();
-            n += 1;
-        }
-    }
-    map
-}
-
 const TINY_HIDDEN: u64 = 32;
 const TINY_HEADS: u64 = 2;
 const TINY_KV: u64 = 1;
@@ -696,7 +678,7 @@ fn tiny_llama(tied: bool) -> TinyModel {
 
     let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
     let mut tokens: Vec<String> = specials.iter().map(|t| t.to_string()).collect();
-    tokens.extend(byte_chars().iter().map(|c| c.to_string()));
+    tokens.extend(int4_test_support::gguf::byte_chars().iter().map(|c| c.to_string()));
     let merges = ["H e", "l l", "He ll", "Hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"];
     for m in merges {
         tokens.push(m.replace(' ', ""));
