@@ -55,6 +55,12 @@ enum Presence {
     Missing,
 }
 
+/// A symlink whose target does not exist, and the error that said so.
+struct Dangling<'a> {
+    path: &'a Path,
+    error: std::io::Error,
+}
+
 pub(crate) fn resolve(root: &Path, reference: &ModelRef) -> Result<Resolved, HubError> {
     let dir = root.join(reference.repo().folder_name());
     let canonical = match fs::canonicalize(&dir) {
@@ -232,31 +238,43 @@ impl Repo {
 
     /// Checks a directory the resolution needs (a snapshot): there, inside the repo, and a directory.
     fn check_dir(&self, path: &Path) -> Result<Presence, HubError> {
-        match fs::symlink_metadata(path) {
-            Err(e) if is_missing(&e) => return Ok(Presence::Missing),
-            Err(e) => return Err(HubError::io(path, e)),
-            Ok(_) => {}
-        }
-        let real = match fs::canonicalize(path) {
-            Ok(real) => real,
+        self.check_entry(path, "a directory", Path::is_dir, |dangling| {
             // A dangling symlink to a directory: as good as missing, once it is known to stay inside.
-            Err(e) if is_missing(&e) => {
-                self.dangling_target(path)?;
-                return Ok(Presence::Missing);
-            }
-            Err(e) => return Err(HubError::io(path, e)),
-        };
-        self.inside(path, &real)?;
-        if !real.is_dir() {
-            return Err(HubError::new(HubErrorKind::WrongType { path: path.to_path_buf(), expected: "a directory" }));
-        }
-        Ok(Presence::Present)
+            self.dangling_target(dangling.path)?;
+            Ok(Presence::Missing)
+        })
     }
 
     /// Checks a file the model needs: missing, or a regular file inside the repo (directly or through
     /// symlinks). A symlink to a missing blob is an error naming both, or saying the download is incomplete
     /// when the blob's `.incomplete` partner is there.
     fn check_file(&self, path: &Path) -> Result<Presence, HubError> {
+        self.check_entry(path, "a regular file", Path::is_file, |dangling| {
+            let blob = self.dangling_target(path)?;
+            let mut partial = blob.clone().into_os_string();
+            partial.push(".incomplete");
+            let partial = PathBuf::from(partial);
+            if exists_entry(&partial).map_err(|e| HubError::io(&partial, e))? {
+                return Err(HubError::new(HubErrorKind::Incomplete {
+                    files: vec![path.to_path_buf()],
+                    partial: vec![partial],
+                }));
+            }
+            Err(HubError::new(HubErrorKind::DanglingSymlink { file: path.to_path_buf(), blob })
+                .with_source(dangling.error))
+        })
+    }
+
+    /// The steps `check_dir` and `check_file` share: an absent entry is missing; a present one must
+    /// resolve inside the repo to `expected` (`is_kind`); a symlink whose target is gone is `on_dangling`'s
+    /// to judge.
+    fn check_entry(
+        &self,
+        path: &Path,
+        expected: &'static str,
+        is_kind: fn(&Path) -> bool,
+        on_dangling: impl FnOnce(Dangling<'_>) -> Result<Presence, HubError>,
+    ) -> Result<Presence, HubError> {
         match fs::symlink_metadata(path) {
             Err(e) if is_missing(&e) => return Ok(Presence::Missing),
             Err(e) => return Err(HubError::io(path, e)),
@@ -264,29 +282,12 @@ impl Repo {
         }
         let real = match fs::canonicalize(path) {
             Ok(real) => real,
-            Err(e) if is_missing(&e) => {
-                let blob = self.dangling_target(path)?;
-                let mut partial = blob.clone().into_os_string();
-                partial.push(".incomplete");
-                let partial = PathBuf::from(partial);
-                if exists_entry(&partial).map_err(|e| HubError::io(&partial, e))? {
-                    return Err(HubError::new(HubErrorKind::Incomplete {
-                        files: vec![path.to_path_buf()],
-                        partial: vec![partial],
-                    }));
-                }
-                return Err(
-                    HubError::new(HubErrorKind::DanglingSymlink { file: path.to_path_buf(), blob }).with_source(e)
-                );
-            }
+            Err(e) if is_missing(&e) => return on_dangling(Dangling { path, error: e }),
             Err(e) => return Err(HubError::io(path, e)),
         };
         self.inside(path, &real)?;
-        if !real.is_file() {
-            return Err(HubError::new(HubErrorKind::WrongType {
-                path: path.to_path_buf(),
-                expected: "a regular file",
-            }));
+        if !is_kind(&real) {
+            return Err(HubError::new(HubErrorKind::WrongType { path: path.to_path_buf(), expected }));
         }
         Ok(Presence::Present)
     }
