@@ -1258,9 +1258,13 @@ fn key_matrix(tiny: &Path, cases: &mut Vec<Case>) {
     let prompt = "w3 w4 w7 w9 w11 w13 w17 w19 w23 w29 w31 w37 w41 w43 w47 w53 w59 w61";
     /// The environment and the flags of one combination.
     type Combo<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
-    let combos: [Combo<'_>; 16] = [
+    let combos: [Combo<'_>; 20] = [
         (&[], &["--path", "w4a16"]),
+        (&[], &["--path", "w4a16", "--head-bits", "4"]),
+        (&[], &["--path", "w4a16", "--group", "64"]),
         (&[], &["--path", "wna16"]),
+        (&[], &["--path", "wna16", "--head-bits", "4"]),
+        (&[], &["--path", "w4a8", "--head-bits", "4"]),
         (&[], &["--path", "w4a8"]),
         (&[], &["--path", "w4a8", "--act-scales", "per-token"]),
         (&[], &["--path", "w4a8", "--head-bits", "8"]),
@@ -1368,6 +1372,13 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
 
     // Standard output: a closed pipe stops at once, silently; a full device is one line and status 1.
     cases.push(case("flag-head-bits-5", g(&["--head-bits", "5"]), Expect::Error("--head-bits 5: 4 or 8")));
+    cases.push(case("flag-group-48", g(&["--group", "48"]), Expect::Error("--group 48")));
+    cases.push(case("flag-group-huge", g(&["--group", "99999999999999999999"]), Expect::Usage("--group")));
+    cases.push(case(
+        "info-head-bits-3",
+        Invocation::new(&["info", &t, "--head-bits", "3"]),
+        Expect::Error("--head-bits 3"),
+    ));
     let mut head = Invocation::new(&["generate", &t, "w3", "--max-new-tokens", "100000", "--context", "200000"]);
     head.close_stdout_after = Some(4);
     cases.push(case("stdout-closed-pipe", head, Expect::Ok));
