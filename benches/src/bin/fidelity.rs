@@ -20,7 +20,7 @@
 //! then run on its f32 path (its stored 4-bit weights decoded exactly: the quantization's own error) and on
 //! the W4A16 and W4A8 paths (as stored, plus each kernel's rounding).
 
-use int4::{Engine, HeadBits, LoadOptions, Message, RunPath, argmax, top2_gap};
+use int4::{ChatOptions, Engine, HeadBits, LoadOptions, Messages, RunPath, argmax, top2_gap};
 use int4_layout::GroupSize;
 use int4_quant::eval::{Tally, score_position};
 use serde_json::json;
@@ -38,7 +38,7 @@ const PLAIN: [&str; 9] = [
 ];
 
 fn prompts(e: &Engine) -> Vec<(String, Vec<u32>)> {
-    let msg = |role: &str, content: String| Message { role: role.into(), content };
+    let msg = |role: &str, content: String| (role.to_string(), content);
     let inventory: Vec<String> =
         (1..120).map(|i| format!("Item {i}: the code for warehouse district {i} is {}.", 1000 + i * 7)).collect();
     let chats = [
@@ -63,8 +63,13 @@ fn prompts(e: &Engine) -> Vec<(String, Vec<u32>)> {
         ),
     ];
     let mut out = Vec::new();
-    for (name, messages) in chats {
-        let text = e.text.apply_chat_template(&messages).expect("the model has a chat template");
+    for (name, turns) in chats {
+        let mut messages = Messages::new();
+        for (role, content) in &turns {
+            messages.push(role, content);
+        }
+        let text =
+            e.text.apply_chat_template(&messages, &ChatOptions::default()).expect("the model has a chat template");
         out.push((name.to_string(), e.text.encode(&text).expect("encode")));
     }
     for (i, p) in PLAIN.iter().enumerate() {

@@ -15,7 +15,10 @@ use int4::layout::GroupSize;
 use int4::layout::grid::ScaleSearch;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
-use int4::{Engine, HeadBits, LoadOptions, Message, Next, PackProgress, PackedFrom, RunPath, SamplingConfig};
+use int4::{
+    ChatOptions, Engine, GenerationRequest, HeadBits, LoadOptions, Messages, Next, PackProgress, PackedFrom, Prompt,
+    RunPath, SamplingOverrides,
+};
 use int4_quant::export::{ExportFormat, Method, QuantizeOptions, QuantizeReport, quantize_checkpoint};
 use int4_quant::gptq_method::GptqOptions;
 
@@ -174,12 +177,8 @@ struct ChatArgs {
     /// Tokens per reply at most.
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
-    /// Sampling temperature (greedy without it).
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// Random seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// The conversation's context (KV cache positions).
     #[arg(long, default_value_t = 4096)]
     context: usize,
@@ -233,24 +232,14 @@ struct GenerateArgs {
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
-    /// Greedy decoding (the default unless --temperature is given).
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// With --json: each token's log-probability and this many of the most likely ones (0 to 20).
     #[arg(long)]
-    greedy: bool,
-    /// Sampling temperature.
+    logprobs: Option<usize>,
+    /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
-    temperature: Option<f32>,
-    /// Top-k (0: off).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Top-p (1.0: off).
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Random seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Stop when the output contains this string (repeatable).
-    #[arg(long)]
-    stop: Vec<String>,
+    ignore_eos: bool,
     /// Print the prompt and generated ids, the kernels per phase and timings as JSON.
     #[arg(long)]
     json: bool,
@@ -260,6 +249,85 @@ struct GenerateArgs {
     /// The session's context (KV cache positions).
     #[arg(long, default_value_t = 2048)]
     context: usize,
+}
+
+/// How the next token is chosen: the options `generate` and `chat` share. A value not given comes from
+/// the model's `generation_config.json` (greedy when it does not sample).
+#[derive(clap::Args)]
+struct SamplingArgs {
+    /// Greedy decoding, whatever the model's defaults.
+    #[arg(long)]
+    greedy: bool,
+    /// Sampling temperature (0: greedy).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0: off).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep the most likely tokens up to this probability mass (1: off).
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Drop tokens less likely than this fraction of the most likely one (0: off).
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Discourage tokens already in the prompt or the output (1: off; 1.1 is a common choice).
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    /// Subtract this from the logits of tokens already in the output (-2 to 2; 0: off).
+    #[arg(long, allow_hyphen_values = true)]
+    presence_penalty: Option<f32>,
+    /// Subtract this times their count from the logits of tokens already in the output (-2 to 2; 0: off).
+    #[arg(long, allow_hyphen_values = true)]
+    frequency_penalty: Option<f32>,
+    /// Random seed (default: a fresh one each run, printed with --json).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop before this text (repeatable; matched across tokens, never printed).
+    #[arg(long)]
+    stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    /// The values given, checked before any model is loaded.
+    fn overrides(&self) -> Result<SamplingOverrides, Box<dyn std::error::Error>> {
+        if self.greedy && self.temperature.is_some() {
+            return Err("--greedy and --temperature contradict each other: give one".into());
+        }
+        let o = SamplingOverrides {
+            temperature: if self.greedy { Some(0.0) } else { self.temperature },
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+        };
+        // Unset values resolve to valid ones, so only a given value can fail here.
+        SamplingOverrides { seed: Some(0), ..o }.resolve().check()?;
+        if self.stop.iter().any(String::is_empty) {
+            return Err("--stop \"\": an empty stop string would stop at the first token; give some text".into());
+        }
+        Ok(o)
+    }
+
+    /// The values for `engine`: what was given over the model's defaults, and an error when a value that
+    /// shapes sampling was given but decoding is greedy.
+    fn resolve(&self, engine: &Engine) -> Result<SamplingOverrides, Box<dyn std::error::Error>> {
+        let o = self.overrides()?;
+        let merged = o.or(engine.defaults.sampling);
+        let greedy = merged.temperature.unwrap_or(0.0) == 0.0;
+        if greedy && (self.top_k.is_some() || self.top_p.is_some() || self.min_p.is_some()) {
+            return Err(if self.greedy {
+                "--top-k, --top-p and --min-p shape sampling, which --greedy turns off".into()
+            } else {
+                "--top-k, --top-p and --min-p shape sampling, which needs --temperature (this model's default is greedy)"
+                    .into()
+            });
+        }
+        // One seed for the whole run (a chat's turns continue from it), shown with --json.
+        Ok(SamplingOverrides { seed: Some(merged.seed.unwrap_or_else(int4::random_seed)), ..o })
+    }
 }
 
 /// How a loaded model runs: the options `generate` and `chat` share.
@@ -459,32 +527,6 @@ fn packed_from(e: &Engine) -> String {
     }
 }
 
-/// Prints generated text as it comes, whole characters only: a byte-level token can end inside a UTF-8
-/// sequence, which the tokenizer decodes as U+FFFD until the next token completes it, so trailing
-/// replacement characters are held back, and only text extending what was already shown is printed.
-struct Streamer {
-    ids: Vec<u32>,
-    shown: String,
-}
-
-impl Streamer {
-    fn new() -> Self {
-        Streamer { ids: Vec::new(), shown: String::new() }
-    }
-
-    /// Shows what `id` adds; an error when standard output fails or the tokenizer cannot decode the id.
-    fn push(&mut self, engine: &Engine, id: u32) -> Result<(), Box<dyn std::error::Error>> {
-        self.ids.push(id);
-        let text = engine.text.decode_for_display(&self.ids)?;
-        let stable = text.trim_end_matches('\u{FFFD}');
-        if let Some(new) = stable.strip_prefix(self.shown.as_str()) {
-            out::write_str(new)?;
-            self.shown = stable.to_string();
-        }
-        Ok(())
-    }
-}
-
 fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut opts = load_options(a.path, Priority::Speed, 64, a.no_cache)?;
     a.quant.apply(&mut opts)?;
@@ -537,23 +579,27 @@ fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let sampling = match a.temperature {
-        Some(t) => SamplingConfig { temperature: t, top_k: 0, top_p: 1.0, seed: a.seed },
-        None => SamplingConfig::greedy(),
-    };
-    sampling.check()?;
+    a.sampling.overrides()?;
+    if a.max_new_tokens == 0 {
+        return Err("--max-new-tokens 0: give at least 1".into());
+    }
     let engine = load_engine(&a.model, &a.run, a.context)?;
+    let sampling = a.sampling.resolve(&engine)?;
     errln!(
         "[int4] load {:.2} s ({}); type a message, /reset to start over, an empty line to quit",
         engine.load_time.as_secs_f64(),
         packed_from(&engine)
     );
-    let system: Vec<Message> = a.system.iter().map(|s| Message { role: "system".into(), content: s.clone() }).collect();
+    let mut system = Messages::new();
+    if let Some(s) = &a.system {
+        system.push("system", s);
+    }
+    let keep = system.len();
     let mut messages = system.clone();
     let mut cache = engine.new_cache()?;
-    // The ids the cache holds, so a turn feeds only what the re-rendered conversation adds.
-    let mut fed: Vec<u32> = Vec::new();
     let mut stdin = std::io::stdin().lock();
+    // Each turn draws from its own stream: the run's seed plus the turn's number.
+    let mut turn: u64 = 0;
     loop {
         err!("> ");
         let line = match lines::read_line(&mut stdin)? {
@@ -574,23 +620,21 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
         if line.trim() == "/reset" {
             messages = system.clone();
             cache.clear();
-            fed.clear();
             continue;
         }
-        messages.push(Message { role: "user".into(), content: line.trim_end().to_string() });
+        messages.push("user", line.trim_end());
         // The conversation must leave room for the reply: drop the oldest user/assistant turns (the system
         // message stays) until it does; a turn that cannot fit even alone is refused, and only it.
         // Fitted on a copy: a refused turn leaves the conversation as it was.
         let mut fitted = messages.clone();
-        let (ids, dropped) =
-            match fit_conversation(&engine, &mut fitted, system.len(), a.max_new_tokens, cache.capacity()) {
-                Ok(fit) => fit,
-                Err(e) => {
-                    messages.pop();
-                    errln!("[int4] {e}: nothing was sent");
-                    continue;
-                }
-            };
+        let (ids, dropped) = match fit_conversation(&engine, &mut fitted, keep, a.max_new_tokens, cache.capacity()) {
+            Ok(fit) => fit,
+            Err(e) => {
+                messages.truncate(messages.len() - 1);
+                errln!("[int4] {e}: nothing was sent");
+                continue;
+            }
+        };
         messages = fitted;
         if dropped > 0 {
             errln!(
@@ -598,36 +642,29 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
                 cache.capacity()
             );
         }
-        if !ids.starts_with(&fed) || ids.len() == fed.len() {
-            // Turns were dropped, or the template re-rendered earlier turns differently: run the conversation
-            // again, as one prefill.
-            cache.clear();
-            fed.clear();
-        }
-        let new = &ids[fed.len()..];
-        let mut stream = Streamer::new();
+        // The cache keeps the positions this prompt shares with what it holds; only the rest is run.
+        let mut req = GenerationRequest::new(Prompt::Ids(ids));
+        req.sampling = SamplingOverrides { seed: sampling.seed.map(|s| s.wrapping_add(turn)), ..sampling };
+        req.max_tokens = Some(a.max_new_tokens);
+        req.stop = a.sampling.stop.clone();
+        turn += 1;
         let mut failed: Option<Box<dyn std::error::Error>> = None;
-        let out =
-            engine.generate_in(&mut cache, new, a.max_new_tokens, sampling, |t| match stream.push(&engine, t) {
-                Ok(()) => Next::Continue,
-                Err(e) => {
-                    failed = Some(e);
-                    Next::Stop
-                }
-            })?;
+        let out = engine.generate_in(&mut cache, req, |event| match out::write_str(&event.text) {
+            Ok(()) => Next::Continue,
+            Err(e) => {
+                failed = Some(e.into());
+                Next::Stop
+            }
+        })?;
         if let Some(e) = failed {
             return Err(e);
         }
         outln!()?;
-        fed.extend_from_slice(new);
-        // The last sampled token was never run through the model, so it is not in the cache.
-        fed.extend_from_slice(&out.tokens[..out.tokens.len().saturating_sub(1)]);
-        let reply = engine.text.decode(&out.tokens)?;
-        messages.push(Message { role: "assistant".into(), content: reply.trim().to_string() });
+        messages.push("assistant", out.text.trim());
         let tps = out.tokens.len().saturating_sub(1) as f64 / out.decode.as_secs_f64().max(1e-9);
         errln!(
             "[int4] {} new prompt tokens, {} generated at {tps:.1} tok/s, {} of {} context used",
-            new.len(),
+            out.prefill_tokens,
             out.tokens.len(),
             cache.len(),
             cache.capacity()
@@ -640,14 +677,14 @@ fn chat(a: ChatArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// when the last message alone (with the system message) leaves no room for a reply token.
 fn fit_conversation(
     engine: &Engine,
-    messages: &mut Vec<Message>,
+    messages: &mut Messages,
     keep: usize,
     reply: usize,
     capacity: usize,
 ) -> Result<(Vec<u32>, usize), Box<dyn std::error::Error>> {
     let mut dropped = 0;
     loop {
-        let ids = engine.text.encode(&engine.text.apply_chat_template(messages)?)?;
+        let ids = engine.text.encode(&engine.text.apply_chat_template(messages, &ChatOptions::default())?)?;
         // Older messages can go while more than the new user turn follows the system message.
         let can_drop = messages.len() > keep + 1;
         if ids.len() + reply <= capacity || (!can_drop && ids.len() < capacity) {
@@ -657,7 +694,8 @@ fn fit_conversation(
             return Err(format!("this turn is {} tokens, more than the context ({capacity}) holds", ids.len()).into());
         }
         // Drop a user turn and the reply to it together.
-        let n = if messages.len() > keep + 2 && messages[keep + 1].role == "assistant" { 2 } else { 1 };
+        let n =
+            if messages.len() > keep + 2 && messages.role(keep + 1).as_deref() == Some("assistant") { 2 } else { 1 };
         messages.drain(keep..keep + n);
         dropped += n;
     }
@@ -671,50 +709,53 @@ fn rss_anon_mib() -> Option<f64> {
 
 fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Cheap checks first, so a bad flag does not wait for a model load.
-    let sampling = match (a.greedy, a.temperature) {
-        (true, Some(_)) => return Err("--greedy and --temperature contradict each other: give one".into()),
-        (_, None) if a.top_k != 0 || a.top_p != 1.0 => {
-            return Err(
-                "--top-k and --top-p shape sampling, which needs --temperature (decoding is greedy without it)".into(),
-            );
-        }
-        (true, _) | (false, None) => SamplingConfig::greedy(),
-        (false, Some(t)) => SamplingConfig { temperature: t, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
-    };
-    sampling.check()?;
-    if a.stop.iter().any(String::is_empty) {
-        return Err("--stop \"\": an empty stop string would stop at the first token; give some text".into());
+    a.sampling.overrides()?;
+    if let Some(n) = a.logprobs
+        && n > int4::MAX_TOP_LOGPROBS
+    {
+        return Err(format!("--logprobs {n}: at most {}", int4::MAX_TOP_LOGPROBS).into());
     }
-    let engine = load_engine(&a.model, &a.run, a.context)?;
-    let packed_from = packed_from(&engine);
-    let prompt_ids: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
-        (Some(ids), _) => ids
-            .split(',')
-            .map(|t| t.trim().parse::<u32>().map_err(|e| format!("--prompt-ids: {t:?}: {e}")))
-            .collect::<Result<_, _>>()?,
+    if a.max_new_tokens == 0 {
+        return Err("--max-new-tokens 0: give at least 1".into());
+    }
+    let prompt = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => Prompt::Ids(
+            ids.split(',')
+                .map(|t| t.trim().parse::<u32>().map_err(|e| format!("--prompt-ids: {t:?}: {e}")))
+                .collect::<Result<_, _>>()?,
+        ),
         (None, Some(p)) if a.chat => {
-            let text = engine.text.apply_chat_template(&[Message { role: "user".into(), content: p.clone() }])?;
-            engine.text.encode(&text)?
+            let mut messages = Messages::new();
+            messages.push("user", p);
+            Prompt::Chat { messages, options: ChatOptions::default() }
         }
-        (None, Some(p)) => engine.text.encode(p)?,
+        (None, Some(p)) => Prompt::Text(p.clone()),
         (None, None) => return Err("give a prompt or --prompt-ids".into()),
     };
-    let mut stream = Streamer::new();
+    let engine = load_engine(&a.model, &a.run, a.context)?;
+    let packed_from = packed_from(&engine);
+    let sampling = a.sampling.resolve(&engine)?;
+    let mut req = GenerationRequest::new(prompt);
+    req.sampling = sampling;
+    req.max_tokens = Some(a.max_new_tokens);
+    req.stop = a.sampling.stop.clone();
+    req.logprobs = a.logprobs.filter(|_| a.json);
+    req.ignore_eos = a.ignore_eos;
+    let seq_params = sampling.or(engine.defaults.sampling).resolve();
     let mut failed: Option<Box<dyn std::error::Error>> = None;
-    let out = engine.generate(&prompt_ids, a.max_new_tokens, sampling, |tok| {
-        // Stop strings are looked for in the decoded text, whether or not it is being printed.
-        let seen = if a.json {
-            stream.ids.push(tok);
-            engine.text.decode_for_display(&stream.ids).map_err(Into::into)
-        } else {
-            stream.push(&engine, tok).map(|()| stream.shown.clone())
-        };
-        match seen {
-            Ok(seen) if a.stop.iter().any(|s| seen.contains(s.as_str())) => Next::Stop,
-            Ok(_) => Next::Continue,
+    let mut logprobs = Vec::new();
+    let out = engine.generate(req, |event| {
+        if let Some(lp) = &event.logprobs {
+            logprobs.push(lp.clone());
+        }
+        if a.json {
+            return Next::Continue;
+        }
+        match out::write_str(&event.text) {
+            Ok(()) => Next::Continue,
             Err(e) => {
-                // Standard output is gone or failing, or the id has no text: stop generating at once.
-                failed = Some(e);
+                // Standard output is gone or failing: stop generating at once.
+                failed = Some(e.into());
                 Next::Stop
             }
         }
@@ -722,15 +763,36 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(e) = failed {
         return Err(e);
     }
-    let kernels = engine.model.kernels(prompt_ids.len());
-    let prefill_tps = prompt_ids.len() as f64 / out.prefill.as_secs_f64();
+    let prompt_len = out.usage.prompt_tokens;
+    let kernels = engine.model.kernels(prompt_len);
+    let prefill_tps = prompt_len as f64 / out.prefill.as_secs_f64();
     let decode_tps = if out.tokens.len() > 1 { (out.tokens.len() - 1) as f64 / out.decode.as_secs_f64() } else { 0.0 };
     if a.json {
+        let token_text = |id: u32| engine.text.token_text(id).unwrap_or_default();
+        let lp: Vec<serde_json::Value> = out
+            .tokens
+            .iter()
+            .zip(&logprobs)
+            .map(|(&id, l)| {
+                serde_json::json!({
+                    "id": id, "token": token_text(id), "logprob": l.logprob,
+                    "top": l.top.iter().map(|&(t, p)| serde_json::json!({"id": t, "token": token_text(t), "logprob": p})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
         let doc = serde_json::json!({
-            "prompt_ids": prompt_ids,
+            "prompt_tokens": prompt_len,
             "generated_ids": out.tokens,
-            "text": engine.text.decode(&out.tokens)?,
-            "stop": format!("{:?}", out.stop),
+            "text": out.text,
+            "finish": format!("{:?}", out.finish),
+            "finish_reason": out.finish.openai_name(),
+            "sampling": {
+                "temperature": seq_params.temperature, "top_k": seq_params.top_k, "top_p": seq_params.top_p,
+                "min_p": seq_params.min_p, "repetition_penalty": seq_params.repetition_penalty,
+                "presence_penalty": seq_params.presence_penalty, "frequency_penalty": seq_params.frequency_penalty,
+                "seed": seq_params.seed,
+            },
+            "logprobs": if a.logprobs.is_some() { serde_json::Value::Array(lp) } else { serde_json::Value::Null },
             "plan": engine.plan,
             "kernels": kernels.iter().map(|k| serde_json::json!({"layer": k.layer, "decode": k.decode.name(), "prefill": k.prefill.name()})).collect::<Vec<_>>(),
             "load_s": engine.load_time.as_secs_f64(),
@@ -749,14 +811,14 @@ fn generate(a: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
             "[int4] load {:.2} s ({}) | prefill {} tok at {:.1} tok/s | decode {} tok at {:.1} tok/s | path {} (decode {}, prefill {}) | stop {:?} | RssAnon {:.0} MiB",
             engine.load_time.as_secs_f64(),
             packed_from,
-            prompt_ids.len(),
+            prompt_len,
             prefill_tps,
             out.tokens.len(),
             decode_tps,
             path,
             kernels[0].decode,
             kernels[0].prefill,
-            out.stop,
+            out.finish,
             rss_anon_mib().unwrap_or(0.0)
         );
     }

@@ -665,7 +665,7 @@ fn an_unquantized_gguf_exports_like_its_expansion() {
     let run = |model: &Path| {
         let e =
             Engine::load(model, &LoadOptions { path: RunPath::F32, cache: None, ..LoadOptions::default() }).unwrap();
-        e.generate(&prompt, 1, int4::SamplingConfig::greedy(), |_| {}).unwrap().first_logits
+        e.generate(int4::GenerationRequest::greedy(int4::Prompt::Ids(prompt.to_vec()), 1), |_| {}).unwrap().first_logits
     };
     for (name, ignore) in [("plain", vec![]), ("ignore-qkv", vec!["model.layers.1.self_attn.qkv".to_string()])] {
         let o = QuantizeOptions { ignore, ..opts(ExportFormat::CpuInt4, false, GroupSize::G32) };

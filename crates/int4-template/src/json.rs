@@ -273,7 +273,7 @@ mod tests {
             (2.5e-300, "2.5e-300"),
             (f64::NAN, "NaN"),
             (f64::NEG_INFINITY, "-Infinity"),
-            (3.14, "3.14"),
+            (2.75, "2.75"),
             (100.0, "100.0"),
         ];
         for (x, want) in cases {
@@ -283,7 +283,9 @@ mod tests {
 
     #[test]
     fn separators_indent_escapes_and_order() {
-        let v: Value = serde_json::from_str(r#"{"b": [1, 2.0, {"z": null, "a": true}], "a": "é\n\"\u0001", "c": {}, "d": []}"#).unwrap();
+        let v: Value =
+            serde_json::from_str(r#"{"b": [1, 2.0, {"z": null, "a": true}], "a": "é\n\"\u0001", "c": {}, "d": []}"#)
+                .unwrap();
         assert_eq!(
             dumps(&v, &DumpOptions::default()).unwrap(),
             r#"{"b": [1, 2.0, {"z": null, "a": true}], "a": "é\n\"\u0001", "c": {}, "d": []}"#
@@ -298,7 +300,8 @@ mod tests {
             dumps(&v, &indented).unwrap(),
             "{\n  \"b\": [\n    1,\n    2.0,\n    {\n      \"z\": null,\n      \"a\": true\n    }\n  ],\n  \"a\": \"é\\n\\\"\\u0001\",\n  \"c\": {},\n  \"d\": []\n}"
         );
-        let ascii = DumpOptions { ensure_ascii: true, separators: Some((",".into(), ":".into())), ..DumpOptions::default() };
+        let ascii =
+            DumpOptions { ensure_ascii: true, separators: Some((",".into(), ":".into())), ..DumpOptions::default() };
         let s: Value = serde_json::from_str(r#"["é😀\u007f"]"#).unwrap();
         assert_eq!(dumps(&s, &ascii).unwrap(), r#"["\u00e9\ud83d\ude00\u007f"]"#);
     }

@@ -22,10 +22,11 @@ mod messages;
 use std::sync::Arc;
 
 use minijinja::value::{Kwargs, Rest};
-use minijinja::{Environment, ErrorKind, State, Value};
+use minijinja::{Environment, ErrorKind, State};
 
 pub use json::{DumpOptions, dumps};
 pub use messages::{Messages, MessagesError};
+pub use minijinja::Value;
 
 /// Why a template could not be compiled or rendered.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,9 @@ pub enum TemplateError {
     /// The render wrote more than its limit.
     #[error("the chat template rendered more than {0} bytes; it is refused")]
     TooLong(usize),
+    /// A bound the caller keeps around the render (memory, wall-clock time) ran out.
+    #[error("{0}")]
+    Bounded(String),
 }
 
 /// What a render may use.
@@ -154,8 +158,9 @@ impl ChatTemplate {
         for (k, v) in input.extra {
             ctx.push((k.clone(), v.clone()));
         }
-        let ctx: Value =
-            Value::from(ctx.into_iter().map(|(k, v)| (Value::from(k), v)).collect::<indexmap::IndexMap<Value, Value>>());
+        let ctx: Value = Value::from(
+            ctx.into_iter().map(|(k, v)| (Value::from(k), v)).collect::<indexmap::IndexMap<Value, Value>>(),
+        );
         let mut out = Capped { bytes: Vec::new(), cap: self.limits.output_bytes, overflowed: false };
         let rendered = template.render_captured_to(ctx, &mut out);
         if out.overflowed {
@@ -182,7 +187,12 @@ impl ChatTemplate {
 
 /// `tojson`, as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 /// sort_keys=False)`, each argument positional or by name.
-fn tojson_filter(state: &State<'_, '_>, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, minijinja::Error> {
+fn tojson_filter(
+    state: &State<'_, '_>,
+    value: Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> Result<String, minijinja::Error> {
     let mut opts = DumpOptions::default();
     let names = ["ensure_ascii", "indent", "separators", "sort_keys"];
     if args.len() > names.len() {

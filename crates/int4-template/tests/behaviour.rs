@@ -70,7 +70,8 @@ fn tojson_takes_json_dumps_arguments_by_position_or_name() {
 fn strftime_now_reads_the_clock_and_refuses_a_bad_format() {
     let t = jiff::Timestamp::from_second(1_700_000_000).unwrap().to_zoned_datetime(jiff::tz::TimeZone::UTC);
     let tpl = ChatTemplate::new("{{ strftime_now('%d %b %Y %H:%M') }}", Clock::Fixed(t), Limits::default()).unwrap();
-    let input = ChatInput { messages: &chat(), tools: None, add_generation_prompt: false, special_tokens: &[], extra: &[] };
+    let input =
+        ChatInput { messages: &chat(), tools: None, add_generation_prompt: false, special_tokens: &[], extra: &[] };
     assert_eq!(tpl.render(&input).unwrap(), "14 Nov 2023 22:13");
     let now = render("{{ strftime_now('%Y') }}", &chat(), Limits::default()).unwrap();
     assert!(now.parse::<i32>().unwrap() >= 2026, "{now}");
@@ -90,7 +91,9 @@ fn messages_are_prepared_as_transformers_prepares_them() {
         "{\"thinking\": \"because\", \"role\": \"assistant\", \"content\": \"42\", \"reasoning\": \"because\", \
          \"reasoning_content\": \"because\"}\n{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"parts\"}]}\n"
     );
-    for bad in [r#"{"role": "user"}"#, r#"[1]"#, r#"[{"content": "x"}]"#, r#"[{"role": 3}]"#, "[", r#"[{"role": null}]"#] {
+    for bad in
+        [r#"{"role": "user"}"#, r#"[1]"#, r#"[{"content": "x"}]"#, r#"[{"role": 3}]"#, "[", r#"[{"role": null}]"#]
+    {
         assert!(Messages::from_json(bad).is_err(), "{bad}");
     }
 }

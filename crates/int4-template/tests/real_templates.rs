@@ -67,7 +67,9 @@ fn real_templates_render_as_transformers_renders_them() {
         let got = template.render(&input);
         match (want.get("output").and_then(|o| o.as_str()), got) {
             (Some(w), Ok(g)) => assert!(w == g, "{model} / {case_name}:\n--- transformers\n{w}\n--- int4\n{g}"),
-            (None, Err(TemplateError::Raised(m))) => assert_eq!(m, want["error"].as_str().unwrap(), "{model} / {case_name}"),
+            (None, Err(TemplateError::Raised(m))) => {
+                assert_eq!(m, want["error"].as_str().unwrap(), "{model} / {case_name}")
+            }
             (w, g) => panic!("{model} / {case_name}: transformers gave {w:?}, int4 {g:?}"),
         }
         checked += 1;

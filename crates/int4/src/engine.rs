@@ -1,11 +1,12 @@
 //! The library API: load a model directory on the path the policy picks, and generate.
 //!
 //! ```no_run
-//! use int4::{Engine, LoadOptions, SamplingConfig};
+//! use int4::{Engine, GenerationRequest, LoadOptions, Prompt};
 //! let engine = Engine::load("path/to/SmolLM2-135M-Instruct".as_ref(), &LoadOptions::default())?;
-//! let ids = engine.text.encode("The capital of Australia is")?;
-//! let out = engine.generate(&ids, 16, SamplingConfig::greedy(), |_| {})?;
-//! println!("{}", engine.text.decode(&out.tokens)?);
+//! let mut req = GenerationRequest::new(Prompt::Text("The capital of Australia is".into()));
+//! req.max_tokens = Some(16);
+//! let out = engine.generate(req, |event| print!("{}", event.text))?;
+//! println!(" ({:?}, {} tokens)", out.finish, out.usage.completion_tokens);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -29,11 +30,11 @@ use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, Plan, Priorit
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result, at};
+use crate::generation::{Generation, GenerationDefaults, GenerationRequest, TokenEvent};
 use crate::linear::{HeadBits, Numerics};
 use crate::model::{KvCache, LinearSpec, Model, linear_specs};
 use crate::model_dir::ModelDir;
 use crate::quantized::QuantFormat;
-use crate::sampling::{Sampler, SamplingConfig};
 use crate::text::TextCodec;
 use crate::weights::Checkpoint;
 
@@ -125,19 +126,6 @@ pub enum PackedFrom {
     InMemory,
 }
 
-/// Why generation stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// An end-of-sequence token.
-    Eos,
-    /// The token budget.
-    MaxTokens,
-    /// The session's context is full.
-    ContextFull,
-    /// The token callback asked to stop (for example, a stop string appeared).
-    Stopped,
-}
-
 /// What a token callback tells the generator: go on, or stop after this token. A callback returning `()`
 /// always goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,21 +140,6 @@ impl From<()> for Next {
     fn from((): ()) -> Self {
         Next::Continue
     }
-}
-
-/// A generation's result.
-#[derive(Clone, Debug)]
-pub struct Generation {
-    /// The generated ids (not including the prompt; including a final EOS).
-    pub tokens: Vec<u32>,
-    /// Prompt processing time.
-    pub prefill: Duration,
-    /// Time for every token after the first.
-    pub decode: Duration,
-    /// Why it stopped.
-    pub stop: StopReason,
-    /// The logits of the first generated position (for fidelity checks).
-    pub first_logits: Vec<f32>,
 }
 
 /// A loaded model with its tokenizer.
@@ -186,12 +159,14 @@ pub struct Engine {
     pub packed_from: PackedFrom,
     /// What the load wants the user to know (a rebuilt or uncacheable artifact, unknown config keys).
     pub warnings: Vec<String>,
+    /// Sampling defaults and the token budget from `generation_config.json`.
+    pub defaults: GenerationDefaults,
     context: usize,
     max_kv_bytes: usize,
 }
 
 /// Rows per prefill forward call.
-const PREFILL_CHUNK: usize = 256;
+pub(crate) const PREFILL_CHUNK: usize = 256;
 
 impl Engine {
     /// Loads the model in `dir`.
@@ -199,8 +174,17 @@ impl Engine {
         let t = Instant::now();
         let model_dir = ModelDir::open(dir)?;
         let mut cfg = ModelConfig::from_json(&model_dir.config_text()?)?;
-        add_generation_eos(&model_dir, &mut cfg)?;
+        let generation_config = model_dir.read_json("generation_config.json")?;
+        add_generation_eos(generation_config.as_ref(), &mut cfg)?;
         let mut warnings = Vec::new();
+        let defaults = match &generation_config {
+            Some(g) => {
+                let (d, w) = GenerationDefaults::from_generation_config(g);
+                warnings.extend(w);
+                d
+            }
+            None => GenerationDefaults::default(),
+        };
         let quantization = read_quantization_config(&model_dir, &cfg)?;
         warnings.extend(quantization.warnings.iter().cloned());
         let format = QuantFormat::from_config(&quantization)?;
@@ -265,6 +249,7 @@ impl Engine {
             dir: dir.to_path_buf(),
             packed_from,
             warnings,
+            defaults,
             context: opts.context,
             max_kv_bytes: opts.max_kv_bytes,
         })
@@ -273,78 +258,6 @@ impl Engine {
     /// A fresh KV cache for this engine's context.
     pub fn new_cache(&self) -> Result<KvCache> {
         self.model.kv_cache(self.context, self.max_kv_bytes)
-    }
-
-    /// Generates up to `max_new` tokens after `prompt` in a fresh cache; `on_token` sees each as it comes
-    /// and may return [`Next::Stop`] to end the generation there (a closure returning `()` never does).
-    pub fn generate<R: Into<Next>>(
-        &self,
-        prompt: &[u32],
-        max_new: usize,
-        sampling: SamplingConfig,
-        on_token: impl FnMut(u32) -> R,
-    ) -> Result<Generation> {
-        let mut cache = self.new_cache()?;
-        self.generate_in(&mut cache, prompt, max_new, sampling, on_token)
-    }
-
-    /// As [`Engine::generate`], continuing in `cache` (a chat keeps its cache across turns).
-    pub fn generate_in<R: Into<Next>>(
-        &self,
-        cache: &mut KvCache,
-        prompt: &[u32],
-        max_new: usize,
-        sampling: SamplingConfig,
-        mut on_token: impl FnMut(u32) -> R,
-    ) -> Result<Generation> {
-        sampling.check()?;
-        if prompt.is_empty() {
-            return Err(Error::input("prompt", "is empty: nothing to continue"));
-        }
-        if cache.len() + prompt.len() > cache.capacity() {
-            return Err(Error::input(
-                "prompt",
-                format!(
-                    "{} tokens do not fit the context ({} of {} used)",
-                    prompt.len(),
-                    cache.len(),
-                    cache.capacity()
-                ),
-            ));
-        }
-        let t = Instant::now();
-        let mut logits = Vec::new();
-        for chunk in prompt.chunks(PREFILL_CHUNK) {
-            logits = self.model.forward(chunk, cache, false)?;
-        }
-        let prefill = t.elapsed();
-        let first_logits = logits.clone();
-        let mut sampler = Sampler::new(sampling);
-        let eos = &self.model.config().eos_token_ids;
-        let mut tokens = Vec::new();
-        let t = Instant::now();
-        let stop = loop {
-            if tokens.len() >= max_new {
-                break StopReason::MaxTokens;
-            }
-            let next = sampler.sample(&logits);
-            tokens.push(next);
-            let flow: Next = on_token(next).into();
-            if eos.contains(&next) {
-                break StopReason::Eos;
-            }
-            if flow == Next::Stop {
-                break StopReason::Stopped;
-            }
-            if tokens.len() >= max_new {
-                break StopReason::MaxTokens;
-            }
-            if cache.len() >= cache.capacity() {
-                break StopReason::ContextFull;
-            }
-            logits = self.model.forward(&[next], cache, false)?;
-        };
-        Ok(Generation { tokens, prefill, decode: t.elapsed(), stop, first_logits })
     }
 }
 
@@ -399,8 +312,8 @@ fn is_default_model(dir: &Path) -> bool {
 
 /// Adds the end-of-sequence ids of `generation_config.json`, if the directory has one, to those of
 /// `config.json` (instruction-tuned models often list their end-of-turn tokens only there).
-fn add_generation_eos(model: &ModelDir, cfg: &mut ModelConfig) -> Result<()> {
-    let Some(v) = model.read_json("generation_config.json")? else { return Ok(()) };
+fn add_generation_eos(generation_config: Option<&serde_json::Value>, cfg: &mut ModelConfig) -> Result<()> {
+    let Some(v) = generation_config else { return Ok(()) };
     let bad = || Error::config("generation_config.json", "\"eos_token_id\" is not a token id or a list of them");
     let id = |x: &serde_json::Value| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad);
     let ids: Vec<u32> = match v.get("eos_token_id") {
@@ -659,31 +572,27 @@ impl Engine {
         })
     }
 
-    /// Generates for several prompts at once: each prompt is prefilled on its own, then every sequence
+    /// Generates for several requests at once: each prompt is prefilled on its own, then every sequence
     /// still running decodes in one batch per step (the linears read their weights once per step for all
-    /// of them). `on_token(i, id)` sees sequence `i`'s tokens as they come. With greedy sampling each
+    /// of them). `on_event(i, event)` sees request `i`'s tokens as they come. With greedy sampling each
     /// sequence's tokens are those [`Engine::generate`] gives it alone, while the batch stays below the
-    /// prefill threshold; a seeded sampler draws from its own stream per sequence (seed + index).
+    /// prefill threshold.
     pub fn generate_batch(
         &self,
-        prompts: &[Vec<u32>],
-        max_new: usize,
-        sampling: SamplingConfig,
-        mut on_token: impl FnMut(usize, u32),
+        requests: Vec<GenerationRequest>,
+        mut on_event: impl FnMut(usize, &TokenEvent),
     ) -> Result<Vec<Generation>> {
-        sampling.check()?;
-        let n = prompts.len();
+        let mut seqs = requests.into_iter().map(|r| self.prepare(r)).collect::<Result<Vec<_>>>()?;
+        let n = seqs.len();
         let mut caches = (0..n).map(|_| self.new_cache()).collect::<Result<Vec<_>>>()?;
-        let mut samplers: Vec<Sampler> = (0..n)
-            .map(|i| Sampler::new(SamplingConfig { seed: sampling.seed.wrapping_add(i as u64), ..sampling }))
-            .collect();
         let mut logits = Vec::with_capacity(n);
-        let mut out = Vec::with_capacity(n);
-        for (prompt, cache) in prompts.iter().zip(&mut caches) {
-            if prompt.is_empty() || prompt.len() > cache.capacity() {
+        let mut prefill = Vec::with_capacity(n);
+        for (seq, cache) in seqs.iter().zip(&mut caches) {
+            let prompt = seq.prompt();
+            if prompt.len() > cache.capacity() {
                 return Err(Error::input(
                     "prompt",
-                    format!("{} tokens: empty, or more than the context", prompt.len()),
+                    format!("{} tokens do not fit the context ({} positions)", prompt.len(), cache.capacity()),
                 ));
             }
             let t = Instant::now();
@@ -691,16 +600,10 @@ impl Engine {
             for chunk in prompt.chunks(PREFILL_CHUNK) {
                 l = self.model.forward(chunk, cache, false)?;
             }
-            out.push(Generation {
-                tokens: Vec::new(),
-                prefill: t.elapsed(),
-                decode: Duration::ZERO,
-                stop: StopReason::MaxTokens,
-                first_logits: l.clone(),
-            });
+            prefill.push(t.elapsed());
             logits.push(l);
         }
-        let eos = &self.model.config().eos_token_ids;
+        let first_logits = logits.clone();
         let vocab = self.model.config().vocab_size;
         let mut running: Vec<usize> = (0..n).collect();
         let t = Instant::now();
@@ -708,22 +611,13 @@ impl Engine {
             let mut next_ids = Vec::with_capacity(running.len());
             let mut still = Vec::with_capacity(running.len());
             for &i in &running {
-                if out[i].tokens.len() >= max_new {
-                    out[i].stop = StopReason::MaxTokens;
-                    continue;
-                }
-                let id = samplers[i].sample(&logits[i]);
-                out[i].tokens.push(id);
-                on_token(i, id);
-                if eos.contains(&id) {
-                    out[i].stop = StopReason::Eos;
-                } else if out[i].tokens.len() >= max_new {
-                    out[i].stop = StopReason::MaxTokens;
-                } else if caches[i].len() >= caches[i].capacity() {
-                    out[i].stop = StopReason::ContextFull;
-                } else {
-                    next_ids.push(id);
-                    still.push(i);
+                let room = caches[i].len() < caches[i].capacity();
+                if let Some(event) = seqs[i].advance(&mut logits[i], room)? {
+                    on_event(i, &event);
+                    if event.finish.is_none() {
+                        next_ids.push(event.id);
+                        still.push(i);
+                    }
                 }
             }
             running = still;
@@ -746,10 +640,15 @@ impl Engine {
             }
         }
         let decode = t.elapsed();
-        for g in &mut out {
-            g.decode = decode;
-        }
-        Ok(out)
+        Ok(seqs
+            .into_iter()
+            .zip(prefill)
+            .zip(first_logits)
+            .map(|((s, p), l)| {
+                let n = s.prompt().len();
+                s.into_generation(n, p, decode, l)
+            })
+            .collect())
     }
 }
 

@@ -53,7 +53,7 @@ pub enum ErrorKind {
     /// The tokenizer could not be loaded or refused a text or an id.
     Tokenizer(Box<dyn std::error::Error + Send + Sync>),
     /// The chat template could not be compiled or rendered.
-    Template(minijinja::Error),
+    Template(int4_template::TemplateError),
     /// An argument the caller gave that cannot be run: an empty prompt, a prompt larger than the context,
     /// a batch whose parts disagree, a KV cache larger than the memory available.
     Input(String),
@@ -84,7 +84,7 @@ impl Error {
         Error::new(context, ErrorKind::Tokenizer(e))
     }
 
-    pub(crate) fn template(e: minijinja::Error) -> Self {
+    pub(crate) fn template(e: int4_template::TemplateError) -> Self {
         Error::new("chat template", ErrorKind::Template(e))
     }
 
@@ -179,7 +179,7 @@ wrapped_kinds! {
     int4_kernels::isa::CapsError => Caps,
     int4_select::PolicyError => Policy,
     int4_select::ProfileError => Profile,
-    minijinja::Error => Template,
+    int4_template::TemplateError => Template,
 }
 
 impl From<int4_safetensors::ReadError> for ErrorKind {

@@ -5,16 +5,21 @@
 //! An [`Engine`] loads a model — a Hugging Face checkpoint directory (unquantized, `cpu_int4`, GPTQ or AWQ),
 //! or a llama.cpp GGUF file (Q4_0, Q4_1, Q4_K, Q5_0, Q8_0, Q6_K, F16, BF16, F32), read as it is stored; a repo id in the
 //! Hugging Face cache resolves to either ([`resolve_model`]) — on a path ([`RunPath`]: the W4A16 or W4A8 kernels, or the exact bf16/f32 ones; by default what the
-//! policy picks for this CPU), packing its weights once into the artifact cache, and generates text with a
-//! callback per token:
+//! policy picks for this CPU), packing its weights once into the artifact cache, and generates text as a
+//! stream of token events:
 //!
 //! ```no_run
-//! use int4::{Engine, LoadOptions, SamplingConfig};
+//! use int4::{Engine, GenerationRequest, LoadOptions, Messages, Prompt, SamplingOverrides};
 //!
 //! let engine = Engine::load("path/to/SmolLM2-135M-Instruct".as_ref(), &LoadOptions::default())?;
-//! let ids = engine.text.encode("The capital of Australia is")?;
-//! let out = engine.generate(&ids, 16, SamplingConfig::greedy(), |_| {})?;
-//! println!("{}", engine.text.decode(&out.tokens)?);
+//! let mut messages = Messages::new();
+//! messages.push("user", "What is the capital of Australia?");
+//! let mut req = GenerationRequest::new(Prompt::Chat { messages, options: Default::default() });
+//! req.sampling = SamplingOverrides { temperature: Some(0.8), top_p: Some(0.95), ..Default::default() };
+//! req.max_tokens = Some(64);
+//! req.stop = vec!["\n\n".into()];
+//! let out = engine.generate(req, |event| print!("{}", event.text))?;
+//! println!("\n{:?}: {} prompt + {} generated tokens", out.finish, out.usage.prompt_tokens, out.usage.completion_tokens);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -30,9 +35,12 @@
 //!   ([`QuantLinear`], and [`Int8Codes`] for a GGUF's 8-bit blocks);
 //! * `model` — [`Model`]: the forward pass and [`KvCache`], and [`ForwardObserver`] for tools that need each
 //!   linear's inputs (GPTQ calibration);
-//! * `sampling` — greedy and seeded sampling ([`SamplingConfig`]); `text` — tokenizer and chat template
-//!   ([`TextCodec`]), the template run under a time and memory budget by `sandbox`; `engine` — load a
-//!   directory and generate ([`Engine`]).
+//! * `sampling` — penalties, temperature, min-p, top-k, top-p and seeded draws, and log-probabilities
+//!   ([`SamplingParams`], [`Sampler`]); `text` — tokenizer, incremental decoding and chat template
+//!   ([`TextCodec`]; templates rendered by [`template`] as transformers renders them, run under a time and
+//!   memory budget by `sandbox`); `engine` — load a directory ([`Engine`]); `generation` — the one
+//!   generation API: a [`GenerationRequest`] in, [`TokenEvent`]s out, a [`Generation`] at the end, each
+//!   answer in progress a [`Sequence`].
 //!
 //! # Other crates
 //!
@@ -48,6 +56,7 @@
 mod config;
 mod engine;
 mod error;
+mod generation;
 mod linear;
 mod model;
 mod model_dir;
@@ -58,8 +67,12 @@ mod text;
 mod weights;
 
 pub use config::{Architecture, Llama3Rope, ModelConfig};
-pub use engine::{Engine, Generation, LoadOptions, ModelInfo, Next, PackProgress, PackedFrom, StopReason};
+pub use engine::{Engine, LoadOptions, ModelInfo, Next, PackProgress, PackedFrom};
 pub use error::{Error, ErrorKind, Result};
+pub use generation::{
+    CancelToken, FinishReason, Generation, GenerationDefaults, GenerationRequest, MAX_STOP_BYTES, MAX_STOP_STRINGS,
+    Prompt, SamplingOverrides, Sequence, TokenEvent, Usage,
+};
 pub use linear::{HeadBits, INT8_GROUP, Linear, Numerics, SectionSource};
 pub use model::{
     Dispatched, ForwardObserver, KvCache, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, linear_specs,
@@ -68,8 +81,8 @@ pub use model_dir::{CONFIG_CAP, ModelDir, ModelSource, TEMPLATE_CAP, TOKENIZER_C
 pub use quantized::{
     Int8Codes, IntegerZeros, QuantFormat, QuantLinear, StoredLinear, inexact_q4_1_zeros, read_gguf_linear, read_linear,
 };
-pub use sampling::{Sampler, SamplingConfig, argmax, top2_gap};
-pub use text::{MAX_NORMALIZER_GROWTH, Message, TEMPLATE_OUTPUT_CAP, TextCodec};
+pub use sampling::{MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs, argmax, random_seed, top_k, top2_gap};
+pub use text::{ChatOptions, MAX_NORMALIZER_GROWTH, TEMPLATE_OUTPUT_CAP, TextCodec, TextStream};
 pub use weights::{Checkpoint, StoredTensor};
 
 pub use int4_select::{Plan, Priority, RunPath};
@@ -80,3 +93,5 @@ pub use int4_hub as hub;
 pub use int4_kernels as kernels;
 pub use int4_layout as layout;
 pub use int4_select as select;
+pub use int4_template as template;
+pub use int4_template::Messages;

@@ -78,6 +78,8 @@ impl std::fmt::Debug for Model {
 pub struct KvCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    /// The token at each stored position.
+    ids: Vec<u32>,
     len: usize,
     capacity: usize,
     width: usize,
@@ -101,7 +103,18 @@ impl KvCache {
 
     /// Forgets every position (the allocation is kept).
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.truncate(0);
+    }
+
+    /// Keeps the first `len` positions and forgets the rest (nothing if it holds fewer).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.ids.truncate(self.len);
+    }
+
+    /// The token at each stored position, in order.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
     }
 
     /// Bytes allocated.
@@ -767,6 +780,7 @@ impl Model {
         Ok(KvCache {
             k: (0..self.cfg.num_layers).map(|_| vec![0.0; context * width]).collect(),
             v: (0..self.cfg.num_layers).map(|_| vec![0.0; context * width]).collect(),
+            ids: Vec::new(),
             len: 0,
             capacity: context,
             width,
@@ -1034,6 +1048,9 @@ impl Model {
                 rms_norm(&x[i * h..(i + 1) * h], &self.norm, cfg.rms_norm_eps, &mut all[i * h..(i + 1) * h]);
             }
             obs.linear_input(cfg.num_layers, LinearSlot::Head, &all, m);
+        }
+        for (&t, &s) in tokens.iter().zip(seq) {
+            caches[s].ids.push(t);
         }
         for (c, end) in caches.iter_mut().zip(next) {
             c.len = end;

@@ -1,29 +1,82 @@
-//! Choosing the next token: greedy, or temperature / top-k / top-p with a seed.
+//! Choosing the next token: penalties, temperature, min-p, top-k, top-p and a seeded draw, with the
+//! log-probabilities a caller asks for.
+//!
+//! The order is vLLM's: repetition, presence and frequency penalties on the logits; then temperature; then
+//! min-p, top-k and top-p on the tempered distribution; then a draw. Temperature 0 is greedy: the penalised
+//! logits' argmax, the lowest id winning a tie. Penalties follow vLLM and transformers: the repetition
+//! penalty divides a positive logit (multiplies a negative one) of every token in the prompt or the
+//! output; presence subtracts a constant from every token the output holds, frequency that many times
+//! its count.
+//!
+//! Sampling never sorts the vocabulary. The tempered weights `exp((l − max)/T)` are computed in one
+//! vectorised pass ([`VectorOps::softmax_exp`]); top-k keeps its `k` best in a heap; min-p is a threshold
+//! on the weights; top-p sorts only the tokens whose weight is at least a cut-off, the cut-off lowered
+//! until those tokens hold the nucleus's mass — which they must, as the nucleus takes the heaviest first.
+//! The result is the nucleus a full sort gives. Log-probabilities are the model's own (the raw logits'
+//! log-softmax, before penalties and temperature, as vLLM reports them), the top ones found with a heap.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use int4_kernels::vector::VectorOps;
 
 use crate::error::{Error, Result};
 
+/// The most `top_logprobs` a caller may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// How the next token is chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SamplingConfig {
+pub struct SamplingParams {
     /// 0 means greedy (argmax; the lowest id wins a tie).
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens (0: all).
     pub top_k: usize,
-    /// Keep the smallest set whose probability reaches `top_p` (1.0: all).
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p` (1.0: all).
     pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one (0: none).
+    pub min_p: f32,
+    /// Divide positive logits (multiply negative ones) of tokens in the prompt or the output by this
+    /// (1.0: off; above 1 discourages repeats).
+    pub repetition_penalty: f32,
+    /// Subtract this from the logit of every token the output already holds (0: off), in [−2, 2].
+    pub presence_penalty: f32,
+    /// Subtract this times its count from the logit of every token the output holds (0: off), in [−2, 2].
+    pub frequency_penalty: f32,
     /// Seed of the random stream.
     pub seed: u64,
 }
 
-impl SamplingConfig {
-    /// Greedy decoding.
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams::greedy()
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding, no penalties.
     pub fn greedy() -> Self {
-        SamplingConfig { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
     }
 
-    /// An error naming the value, unless the temperature is 0 or a positive finite number and `top_p`
-    /// lies in `(0, 1]` (a NaN temperature would pick the least likely token; a `top_p` outside the range
-    /// keeps nothing or means nothing).
+    /// Whether any penalty is on.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
+    /// An error naming the first value that cannot be sampled with: a temperature that is negative, NaN or
+    /// infinite (NaN would pick the least likely token); `top_p` outside `(0, 1]`; `min_p` outside
+    /// `[0, 1]`; a repetition penalty that is not a positive finite number; a presence or frequency penalty
+    /// outside `[−2, 2]`.
     pub fn check(&self) -> Result<()> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return Err(Error::input(
@@ -37,70 +90,297 @@ impl SamplingConfig {
                 format!("{} is not a probability mass in (0, 1] (1 keeps every token)", self.top_p),
             ));
         }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(Error::input(
+                "min_p",
+                format!("{} is not a fraction in [0, 1] (0 keeps every token)", self.min_p),
+            ));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(Error::input(
+                "repetition_penalty",
+                format!("{} is not a positive finite number (1 is off)", self.repetition_penalty),
+            ));
+        }
+        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(Error::input(name, format!("{v} is outside [-2, 2] (0 is off)")));
+            }
+        }
         Ok(())
     }
 }
 
-/// A seeded sampler.
+/// The log-probabilities of one sampled token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The sampled token's.
+    pub logprob: f32,
+    /// The most likely tokens and theirs, most likely first (as many as asked for).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A seeded sampler for one sequence: its parameters, its random stream, and what the penalties need to
+/// know of the tokens so far.
 #[derive(Clone, Debug)]
 pub struct Sampler {
-    cfg: SamplingConfig,
-    state: u64,
+    params: SamplingParams,
+    rng: SplitMix64,
+    /// Each output token's count (presence and frequency penalties).
+    output_counts: HashMap<u32, u32>,
+    /// Every token of the prompt and the output, once (repetition penalty).
+    seen: HashMap<u32, ()>,
+    ops: VectorOps,
+    weights: Vec<f32>,
 }
 
 impl Sampler {
-    /// A sampler for `cfg`.
-    pub fn new(cfg: SamplingConfig) -> Self {
-        Sampler { cfg, state: cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1 }
+    /// A sampler for `params` (check them first with [`SamplingParams::check`]).
+    pub fn new(params: SamplingParams) -> Self {
+        Sampler {
+            params,
+            rng: SplitMix64(params.seed),
+            output_counts: HashMap::new(),
+            seen: HashMap::new(),
+            ops: VectorOps::new(),
+            weights: Vec::new(),
+        }
     }
 
-    fn next_unit(&mut self) -> f64 {
-        self.state ^= self.state << 13;
-        self.state ^= self.state >> 7;
-        self.state ^= self.state << 17;
-        (self.state >> 11) as f64 / (1u64 << 53) as f64
+    /// The parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
     }
 
-    /// The next token from `logits`.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.cfg.temperature <= 0.0 {
+    /// Tells the sampler the prompt (for the repetition penalty).
+    pub fn observe_prompt(&mut self, prompt: &[u32]) {
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.extend(prompt.iter().map(|&t| (t, ())));
+        }
+    }
+
+    /// Tells the sampler a token was output.
+    fn observe_output(&mut self, token: u32) {
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(token, ());
+        }
+        if self.params.presence_penalty != 0.0 || self.params.frequency_penalty != 0.0 {
+            *self.output_counts.entry(token).or_insert(0) += 1;
+        }
+    }
+
+    /// The next token from `logits` (changed in place by the penalties), and records it as output.
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_penalties(logits);
+        let t = if self.params.temperature <= 0.0 { argmax(logits) } else { self.draw(logits) };
+        self.observe_output(t);
+        t
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            for &t in self.seen.keys() {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &n) in &self.output_counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * n as f32;
+                }
+            }
+        }
+    }
+
+    /// A draw from the tempered, truncated distribution.
+    fn draw(&mut self, logits: &[f32]) -> u32 {
+        let p = self.params;
+        let max = self.ops.max(logits);
+        if !max.is_finite() {
             return argmax(logits);
         }
-        let mut idx: Vec<usize> = (0..logits.len()).collect();
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        if self.cfg.top_k > 0 {
-            idx.truncate(self.cfg.top_k);
-        }
-        let t = f64::from(self.cfg.temperature);
-        let max = f64::from(logits[idx[0]]);
-        let mut probs: Vec<f64> = idx.iter().map(|&i| ((f64::from(logits[i]) - max) / t).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        for p in &mut probs {
-            *p /= total;
-        }
-        if self.cfg.top_p < 1.0 {
-            let mut acc = 0.0;
-            let keep = probs.iter().position(|&p| {
-                acc += p;
-                acc >= f64::from(self.cfg.top_p)
-            });
-            let keep = keep.map_or(probs.len(), |k| k + 1);
-            probs.truncate(keep);
-            idx.truncate(keep);
-            let total: f64 = probs.iter().sum();
-            for p in &mut probs {
-                *p /= total;
+        let inv_t = 1.0 / p.temperature;
+        // min-p: the most likely token has weight 1, so its threshold is min_p itself.
+        let floor = p.min_p;
+        let mut cand: Vec<(f32, u32)> = if p.top_k > 0 && p.top_k < logits.len() {
+            // The k best by a heap, then weighed: the set is small, so it is sorted whole.
+            let mut c: Vec<(f32, u32)> =
+                top_k(logits, p.top_k).into_iter().map(|(l, i)| (exp_weight(l, max, inv_t), i)).collect();
+            c.retain(|&(w, _)| w >= floor);
+            if p.top_p < 1.0 {
+                let total: f64 = c.iter().map(|&(w, _)| f64::from(w)).sum();
+                nucleus(&mut c, total * f64::from(p.top_p));
             }
-        }
-        let mut r = self.next_unit();
-        for (p, &i) in probs.iter().zip(&idx) {
-            if r < *p {
-                return i as u32;
+            c
+        } else {
+            self.weights.clear();
+            self.weights.extend_from_slice(logits);
+            self.ops.softmax_exp(&mut self.weights, max, inv_t);
+            if p.top_p >= 1.0 {
+                // Every token above the floor: draw straight from the weights, in id order.
+                return self.draw_from_weights(floor).unwrap_or_else(|| argmax(logits));
             }
-            r -= p;
+            let total: f64 = self.weights.iter().filter(|&&w| w >= floor).map(|&w| f64::from(w)).sum();
+            let target = total * f64::from(p.top_p);
+            // The nucleus takes the heaviest first, so once the tokens at or above a cut-off hold `target`
+            // it lies among them: lower the cut-off until they do, then sort only those.
+            let mut cut = 1e-3f32.max(floor);
+            let mut c = Vec::new();
+            loop {
+                c.clear();
+                c.extend(self.weights.iter().enumerate().filter(|&(_, &w)| w >= cut).map(|(i, &w)| (w, i as u32)));
+                let held: f64 = c.iter().map(|&(w, _)| f64::from(w)).sum();
+                if held >= target || cut <= floor {
+                    break;
+                }
+                cut = if cut < 1e-30 { floor } else { (cut * 1e-3).max(floor) };
+            }
+            sort_desc(&mut c);
+            nucleus(&mut c, target);
+            c
+        };
+        if cand.is_empty() {
+            cand.push((1.0, argmax(logits)));
         }
-        idx[idx.len() - 1] as u32
+        let total: f64 = cand.iter().map(|&(w, _)| f64::from(w)).sum();
+        let mut r = self.rng.unit() * total;
+        for &(w, i) in &cand {
+            let w = f64::from(w);
+            if r < w {
+                return i;
+            }
+            r -= w;
+        }
+        cand[cand.len() - 1].1
     }
+
+    /// A draw from `self.weights`, every token at or above `floor` in id order (`None` if none is).
+    fn draw_from_weights(&mut self, floor: f32) -> Option<u32> {
+        let total: f64 = self.weights.iter().filter(|&&w| w >= floor).map(|&w| f64::from(w)).sum();
+        let mut r = self.rng.unit() * total;
+        let mut last = None;
+        for (i, &w) in self.weights.iter().enumerate() {
+            if w < floor || w == 0.0 {
+                continue;
+            }
+            let w = f64::from(w);
+            if r < w {
+                return Some(i as u32);
+            }
+            r -= w;
+            last = Some(i as u32);
+        }
+        last
+    }
+
+    /// The model's log-probability of `token` under the raw `logits`, and the `top` most likely tokens'.
+    pub fn logprobs(&mut self, logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
+        let max = self.ops.max(logits);
+        self.weights.clear();
+        self.weights.extend_from_slice(logits);
+        let sum = self.ops.softmax_exp(&mut self.weights, max, 1.0);
+        let log_z = max + sum.ln();
+        let lp = |l: f32| l - log_z;
+        TokenLogprobs {
+            logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| lp(l)),
+            top: if top == 0 { Vec::new() } else { top_k(logits, top).into_iter().map(|(l, i)| (i, lp(l))).collect() },
+        }
+    }
+}
+
+/// `exp((l − max)·inv_t)`.
+fn exp_weight(l: f32, max: f32, inv_t: f32) -> f32 {
+    int4_kernels::vector::exp_portable((l - max) * inv_t)
+}
+
+/// Heaviest first; the lower id first among equals.
+fn sort_desc(c: &mut [(f32, u32)]) {
+    c.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+}
+
+/// Keeps the shortest prefix of `c` (sorted heaviest first) whose weight reaches `target`.
+fn nucleus(c: &mut Vec<(f32, u32)>, target: f64) {
+    let mut acc = 0.0f64;
+    let keep = c
+        .iter()
+        .position(|&(w, _)| {
+            acc += f64::from(w);
+            acc >= target
+        })
+        .map_or(c.len(), |k| k + 1);
+    c.truncate(keep);
+}
+
+/// A logit and its id, ordered so that a max-heap's top is the *least* wanted: the smallest logit, the
+/// highest id among equals.
+#[derive(Clone, Copy, PartialEq)]
+struct Worst(f32, u32);
+
+impl Eq for Worst {}
+
+impl PartialOrd for Worst {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Worst {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.0.total_cmp(&self.0).then(self.1.cmp(&other.1))
+    }
+}
+
+/// The `k` largest logits with their ids, largest first (the lower id first among equals), in one pass
+/// with a heap of `k`.
+pub fn top_k(logits: &[f32], k: usize) -> Vec<(f32, u32)> {
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut heap: BinaryHeap<Worst> = BinaryHeap::with_capacity(k + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if heap.len() < k {
+            heap.push(Worst(l, i as u32));
+        } else if let Some(w) = heap.peek()
+            && Worst(l, i as u32) < *w
+        {
+            heap.pop();
+            heap.push(Worst(l, i as u32));
+        }
+    }
+    let mut out: Vec<(f32, u32)> = heap.into_iter().map(|Worst(l, i)| (l, i)).collect();
+    sort_desc(&mut out);
+    out
+}
+
+/// SplitMix64: a small, well-mixed stream, fully determined by its seed.
+#[derive(Clone, Debug)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A seed for a request that gave none: different in every call.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
 }
 
 /// The index of the largest logit (the lowest index on a tie).

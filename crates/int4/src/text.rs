@@ -1,7 +1,9 @@
 //! Tokenizer and chat template of a model directory.
 //!
 //! `tokenizer.json` through the `tokenizers` crate; the chat template from `chat_template.jinja` if the
-//! directory has one, else the `chat_template` key of `tokenizer_config.json`, rendered with minijinja.
+//! directory has one, else the `chat_template` key of `tokenizer_config.json`, rendered as transformers
+//! renders it (`int4_template`) over the messages, the tools and every named special token of
+//! `tokenizer_config.json`.
 //!
 //! A tokenizer is data from the model's author, so it is bounded before use: a normalizer chain that could
 //! make text more than [`MAX_NORMALIZER_GROWTH`] times longer (a `Replace` whose content is longer than its
@@ -10,7 +12,7 @@
 
 use std::path::Path;
 
-use serde::Serialize;
+use int4_template::{ChatInput, ChatTemplate, Clock, Limits, Messages, TemplateError, Value};
 
 use crate::error::{Error, Result};
 use crate::model_dir::{ModelDir, TEMPLATE_CAP, TOKENIZER_CAP};
@@ -18,21 +20,32 @@ use crate::model_dir::{ModelDir, TEMPLATE_CAP, TOKENIZER_CAP};
 /// The most a tokenizer's normalizers may multiply the length of a text by.
 pub const MAX_NORMALIZER_GROWTH: f64 = 16.0;
 
-/// One chat message.
-#[derive(Clone, Debug, Serialize)]
-pub struct Message {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// The text.
-    pub content: String,
+/// The special tokens transformers passes to a chat template by name (`special_tokens_map`).
+const NAMED_SPECIAL_TOKENS: [&str; 7] =
+    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+
+/// What a chat render takes besides the messages.
+#[derive(Clone, Debug)]
+pub struct ChatOptions {
+    /// Tool definitions (a JSON list, as the OpenAI API sends them).
+    pub tools: Option<Value>,
+    /// End with the assistant's turn opened (default true: the model is to answer).
+    pub add_generation_prompt: bool,
+    /// Further template variables (`enable_thinking`, ...), as `chat_template_kwargs` gives them.
+    pub extra: Vec<(String, Value)>,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        ChatOptions { tools: None, add_generation_prompt: true, extra: Vec::new() }
+    }
 }
 
 /// The model's tokenizer and chat template.
 pub struct TextCodec {
     tokenizer: tokenizers::Tokenizer,
     chat_template: Option<String>,
-    bos: Option<String>,
-    eos: Option<String>,
+    special_tokens: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for TextCodec {
@@ -126,12 +139,11 @@ impl TextCodec {
             Some(t) => Some(t),
             None => cfg.as_ref().and_then(|c| c.get("chat_template")).and_then(|t| t.as_str()).map(str::to_string),
         };
-        Ok(TextCodec {
-            tokenizer,
-            chat_template,
-            bos: token_string(cfg.as_ref().and_then(|c| c.get("bos_token"))),
-            eos: token_string(cfg.as_ref().and_then(|c| c.get("eos_token"))),
-        })
+        let special_tokens = NAMED_SPECIAL_TOKENS
+            .iter()
+            .filter_map(|name| Some((name.to_string(), token_string(cfg.as_ref()?.get(*name))?)))
+            .collect();
+        Ok(TextCodec { tokenizer, chat_template, special_tokens })
     }
 
     /// Token ids of `text` (no special tokens added).
@@ -167,24 +179,25 @@ impl TextCodec {
         }
     }
 
-    /// Renders the chat template over `messages`, ending with the assistant's turn opened. On Linux the
+    /// Renders the chat template over `messages` as transformers' `apply_chat_template` does. On Linux the
     /// template runs in a child process with 256 MiB of address space beyond the caller's and 2 s (an
-    /// error names the budget it ran out of), and its output is at most [`TEMPLATE_OUTPUT_CAP`] bytes.
-    pub fn apply_chat_template(&self, messages: &[Message]) -> Result<String> {
+    /// error names the budget it ran out of); everywhere its steps are bounded by fuel and its output is
+    /// at most [`TEMPLATE_OUTPUT_CAP`] bytes.
+    pub fn apply_chat_template(&self, messages: &Messages, opts: &ChatOptions) -> Result<String> {
         let tpl = self.chat_template.as_ref().ok_or_else(|| Error::config("chat template", "the model has none"))?;
         #[cfg(target_os = "linux")]
         {
             use crate::sandbox::{Outcome, run_bounded};
-            let bounded = run_bounded(TEMPLATE_BUDGET, || self.render(tpl, messages).ok().map(String::into_bytes))
-                .map_err(crate::error::at("chat template"))?;
-            let refused =
-                |what: String| Error::template(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, what));
+            let bounded =
+                run_bounded(TEMPLATE_BUDGET, || self.render(tpl, messages, opts).ok().map(String::into_bytes))
+                    .map_err(crate::error::at("chat template"))?;
+            let refused = |what: String| Error::template(TemplateError::Bounded(what));
             match bounded {
                 Outcome::Done(bytes) => {
-                    String::from_utf8(bytes).map_err(|_| refused("rendered text that is not UTF-8".into()))
+                    String::from_utf8(bytes).map_err(|_| refused("it rendered text that is not UTF-8".into()))
                 }
                 // The render failed within its budget: run it here for the error itself.
-                Outcome::Failed => self.render(tpl, messages),
+                Outcome::Failed => self.render(tpl, messages, opts),
                 Outcome::Panicked => Err(refused("the chat template's renderer panicked on it; it is refused".into())),
                 Outcome::OutOfMemory => Err(refused(format!(
                     "the chat template needs more than {} MiB to render; it is refused",
@@ -197,34 +210,69 @@ impl TextCodec {
             }
         }
         #[cfg(not(target_os = "linux"))]
-        self.render(tpl, messages)
+        self.render(tpl, messages, opts)
     }
 
-    /// The template rendered in this process, its output capped at [`TEMPLATE_OUTPUT_CAP`].
-    fn render(&self, tpl: &str, messages: &[Message]) -> Result<String> {
-        let mut env = minijinja::Environment::new();
-        env.add_template("chat", tpl).map_err(Error::template)?;
-        let t = env.get_template("chat").map_err(Error::template)?;
-        let mut out = CappedWriter { bytes: Vec::new(), cap: TEMPLATE_OUTPUT_CAP, overflowed: false };
-        let rendered = t.render_captured_to(
-            minijinja::context! {
-                messages => messages,
-                add_generation_prompt => true,
-                bos_token => self.bos.clone().unwrap_or_default(),
-                eos_token => self.eos.clone().unwrap_or_default(),
-            },
-            &mut out,
-        );
-        if out.overflowed {
-            return Err(Error::template(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                format!("the rendered text is longer than {TEMPLATE_OUTPUT_CAP} bytes"),
-            )));
-        }
-        rendered.map_err(Error::template)?;
-        String::from_utf8(out.bytes).map_err(|_| {
-            Error::template(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "rendered text is not UTF-8"))
-        })
+    /// The template rendered in this process.
+    fn render(&self, tpl: &str, messages: &Messages, opts: &ChatOptions) -> Result<String> {
+        let limits = Limits { output_bytes: TEMPLATE_OUTPUT_CAP, ..Limits::default() };
+        let template = ChatTemplate::new(tpl, Clock::System, limits).map_err(Error::template)?;
+        let input = ChatInput {
+            messages,
+            tools: opts.tools.as_ref(),
+            add_generation_prompt: opts.add_generation_prompt,
+            special_tokens: &self.special_tokens,
+            extra: &opts.extra,
+        };
+        template.render(&input).map_err(Error::template)
+    }
+
+    /// An incremental decoder: each token's text as it comes, special tokens left out (the tokenizer's
+    /// `decode_stream`, which holds back bytes until they complete a character).
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream { inner: self.tokenizer.decode_stream(true), codec: self }
+    }
+
+    /// One past the largest id the tokenizer has a token for.
+    pub fn vocab_limit(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    /// The text of token `id` alone (special tokens kept), for reporting it beside its log-probability.
+    pub fn token_text(&self, id: u32) -> Result<String> {
+        self.decode(&[id])
+    }
+
+    /// Whether the model has a chat template.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+}
+
+/// Decodes a stream of tokens to text incrementally (see [`TextCodec::stream`]).
+pub struct TextStream<'a> {
+    inner: tokenizers::DecodeStream<
+        'a,
+        tokenizers::ModelWrapper,
+        tokenizers::NormalizerWrapper,
+        tokenizers::PreTokenizerWrapper,
+        tokenizers::PostProcessorWrapper,
+        tokenizers::DecoderWrapper,
+    >,
+    codec: &'a TextCodec,
+}
+
+impl std::fmt::Debug for TextStream<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextStream").finish_non_exhaustive()
+    }
+}
+
+impl TextStream<'_> {
+    /// The text `id` completes (empty while it ends inside a character, or for a special token).
+    pub fn step(&mut self, id: u32) -> Result<String> {
+        self.codec.check_ids(&[id])?;
+        Ok(self.inner.step(id).map_err(|e| Error::tokenizer("tokenizer", e))?.unwrap_or_default())
     }
 }
 
@@ -235,25 +283,3 @@ const TEMPLATE_BUDGET: crate::sandbox::Budget =
 
 /// The longest text a chat template may render.
 pub const TEMPLATE_OUTPUT_CAP: usize = 16 << 20;
-
-/// Collects a template's output, failing once it passes `cap` bytes.
-struct CappedWriter {
-    bytes: Vec<u8>,
-    cap: usize,
-    overflowed: bool,
-}
-
-impl std::io::Write for CappedWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.bytes.len() + buf.len() > self.cap {
-            self.overflowed = true;
-            return Err(std::io::Error::other(format!("the rendered text is longer than {} bytes", self.cap)));
-        }
-        self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use int4::{Engine, LoadOptions, RunPath, SamplingConfig};
+use int4::{Engine, GenerationRequest, LoadOptions, Prompt, RunPath};
 use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
 
 fn opts(path: RunPath) -> LoadOptions {
@@ -47,10 +47,11 @@ fn with_header_edit(name: &str, from: &str, to: &str) -> PathBuf {
 fn every_bad_input_in_the_table_gives_its_error() {
     let ok = tiny_model("bad-ok");
     let engine = Engine::load(&ok, &opts(RunPath::W4a16)).unwrap();
-    let generate = |prompt: &[u32]| match engine.generate(prompt, 4, SamplingConfig::greedy(), |_| {}) {
-        Ok(_) => String::from("(generated without error)"),
-        Err(e) => e.to_string(),
-    };
+    let generate =
+        |prompt: &[u32]| match engine.generate(GenerationRequest::greedy(Prompt::Ids(prompt.to_vec()), 4), |_| {}) {
+            Ok(_) => String::from("(generated without error)"),
+            Err(e) => e.to_string(),
+        };
     let truncated = {
         let dir = tiny_model("bad-truncated");
         let p = dir.join("model.safetensors");

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use int4::cache::ArtifactStore;
 use int4::select::policy::CheckpointKind;
 use int4::{
-    Checkpoint, Engine, LoadOptions, Message, ModelConfig, ModelDir, PackedFrom, QuantFormat, RunPath, SamplingConfig,
-    TextCodec, linear_specs,
+    Checkpoint, Engine, GenerationRequest, LoadOptions, ModelConfig, ModelDir, PackedFrom, Prompt, QuantFormat,
+    RunPath, TextCodec, linear_specs,
 };
 use int4_test_support::gguf::{TinyGguf, tiny_llama, ty};
 
@@ -112,7 +112,7 @@ fn packed_layers_hold_the_stored_weights_exactly() {
 }
 
 fn first_logits(engine: &Engine, prompt: &[u32]) -> Vec<f32> {
-    engine.generate(prompt, 1, SamplingConfig::greedy(), |_| {}).unwrap().first_logits
+    engine.generate(GenerationRequest::greedy(Prompt::Ids(prompt.to_vec()), 1), |_| {}).unwrap().first_logits
 }
 
 /// The f32 path on the GGUF is the f32 path on its expansion (`gguf_to_hf`), bit for bit; every packed
@@ -176,7 +176,9 @@ fn the_tokenizer_and_template_come_from_the_metadata() {
     let ids = text.encode("hello world").unwrap();
     assert_eq!(text.decode(&ids).unwrap(), "hello world");
     assert_eq!(text.encode("<|im_start|>").unwrap(), [1], "a control token is one id");
-    let chat = text.apply_chat_template(&[Message { role: "user".into(), content: "hi".into() }]).unwrap();
+    let mut messages = int4::Messages::new();
+    messages.push("user", "hi");
+    let chat = text.apply_chat_template(&messages, &int4::ChatOptions::default()).unwrap();
     assert_eq!(chat, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     std::fs::remove_dir_all(&dir).unwrap();
 }

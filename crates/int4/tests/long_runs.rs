@@ -1,7 +1,7 @@
 //! Long runs and shared use: sessions past 4096 tokens without growth in anonymous memory, and several
 //! threads generating at once from one loaded model with the results of running alone.
 
-use int4::{Engine, LoadOptions, RunPath, SamplingConfig, StopReason, argmax};
+use int4::{Engine, FinishReason, GenerationRequest, LoadOptions, Prompt, RunPath, SamplingOverrides, argmax};
 use int4_test_support::tiny_model;
 
 fn rss_anon() -> Option<u64> {
@@ -40,14 +40,10 @@ fn sessions_past_4096_tokens_do_not_grow_memory() {
     }
     let growth = after[2].saturating_sub(after[1]);
     assert!(growth < 1 << 20, "anonymous memory grew by {growth} bytes between sessions 2 and 3 ({after:?})");
-    let out = e.generate(
-        &[1, 2, 3],
-        usize::MAX,
-        SamplingConfig { temperature: 1.0, seed: 7, ..SamplingConfig::greedy() },
-        |_| {},
-    );
-    let out = out.unwrap();
-    assert!(matches!(out.stop, StopReason::ContextFull | StopReason::Eos), "{:?}", out.stop);
+    let mut req = GenerationRequest::new(Prompt::Ids(vec![1, 2, 3]));
+    req.sampling = SamplingOverrides { temperature: Some(1.0), seed: Some(7), ..SamplingOverrides::default() };
+    let out = e.generate(req, |_| {}).unwrap();
+    assert!(matches!(out.finish, FinishReason::ContextFull | FinishReason::Eos), "{:?}", out.finish);
 }
 
 /// One loaded model shared by four threads, each generating from its own prompt at the same time: every
@@ -60,12 +56,16 @@ fn threads_sharing_one_model_get_the_results_of_running_alone() {
         Engine::load(&dir, &LoadOptions { path: RunPath::W4a16, context: 64, cache: None, ..LoadOptions::default() })
             .unwrap();
     let prompts: Vec<Vec<u32>> = (0..4u32).map(|i| vec![1, 10 + i, 20 + 2 * i, 7]).collect();
-    let alone: Vec<Vec<u32>> =
-        prompts.iter().map(|p| e.generate(p, 24, SamplingConfig::greedy(), |_| {}).unwrap().tokens).collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| e.generate(GenerationRequest::greedy(Prompt::Ids(p.to_vec()), 24), |_| {}).unwrap().tokens)
+        .collect();
     let together: Vec<Vec<u32>> = std::thread::scope(|s| {
         let handles: Vec<_> = prompts
             .iter()
-            .map(|p| s.spawn(|| e.generate(p, 24, SamplingConfig::greedy(), |_| {}).unwrap().tokens))
+            .map(|p| {
+                s.spawn(|| e.generate(GenerationRequest::greedy(Prompt::Ids(p.to_vec()), 24), |_| {}).unwrap().tokens)
+            })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });

@@ -206,20 +206,20 @@ fn config_reads_v4_and_v5_spellings_and_llama3_rope() {
 /// every path, with prompts of different lengths so the batch's rows sit at different positions.
 #[test]
 fn batched_decoding_equals_each_sequence_alone() {
-    use int4::SamplingConfig;
-    use int4::{Engine, LoadOptions, RunPath};
+    use int4::{Engine, GenerationRequest, LoadOptions, Prompt, RunPath};
     let dir = tiny_model("batch");
     let prompts: Vec<Vec<u32>> = vec![PROMPT.to_vec(), vec![5, 6], PROMPT[3..9].to_vec()];
     for path in [RunPath::W4a16, RunPath::Wna16, RunPath::F32] {
         let e = Engine::load(&dir, &LoadOptions { path, context: 64, cache: None, ..LoadOptions::default() }).unwrap();
         let mut seen = vec![Vec::new(); prompts.len()];
-        let batch = e.generate_batch(&prompts, 12, SamplingConfig::greedy(), |i, t| seen[i].push(t)).unwrap();
+        let requests = prompts.iter().map(|p| GenerationRequest::greedy(Prompt::Ids(p.clone()), 12)).collect();
+        let batch = e.generate_batch(requests, |i, t| seen[i].push(t.id)).unwrap();
         // The batch must really decode together for a while, not stop at the first token.
         assert!(batch.iter().filter(|g| g.tokens.len() >= 6).count() >= 2, "{path:?}: {batch:?}");
         for (i, p) in prompts.iter().enumerate() {
-            let alone = e.generate(p, 12, SamplingConfig::greedy(), |_| {}).unwrap();
+            let alone = e.generate(GenerationRequest::greedy(Prompt::Ids(p.to_vec()), 12), |_| {}).unwrap();
             assert_eq!(batch[i].tokens, alone.tokens, "{path:?} sequence {i}");
-            assert_eq!(batch[i].stop, alone.stop, "{path:?} sequence {i}");
+            assert_eq!(batch[i].finish, alone.finish, "{path:?} sequence {i}");
             assert_eq!(seen[i], alone.tokens, "{path:?} sequence {i}: streamed tokens");
         }
     }
@@ -229,24 +229,29 @@ fn batched_decoding_equals_each_sequence_alone() {
 /// stop reason, not an error.
 #[test]
 fn a_callback_stops_generation_and_a_full_context_is_a_stop_reason() {
-    use int4::SamplingConfig;
-    use int4::{Engine, LoadOptions, Next, RunPath, StopReason};
+    use int4::{Engine, FinishReason, GenerationRequest, LoadOptions, Next, Prompt, RunPath};
     let dir = tiny_model("stop");
     let e = Engine::load(&dir, &LoadOptions { path: RunPath::F32, context: 16, cache: None, ..LoadOptions::default() })
         .unwrap();
     let mut n = 0;
     let out = e
-        .generate(&[5, 6], 10, SamplingConfig::greedy(), |_| {
+        .generate(GenerationRequest::greedy(Prompt::Ids(vec![5, 6]), 10), |_| {
             n += 1;
             if n == 3 { Next::Stop } else { Next::Continue }
         })
         .unwrap();
-    assert!(out.stop == StopReason::Stopped && out.tokens.len() == 3 || out.stop == StopReason::Eos, "{out:?}");
-    let full = e.generate(&PROMPT, 100, SamplingConfig::greedy(), |_| {}).unwrap();
-    assert!(matches!(full.stop, StopReason::ContextFull | StopReason::Eos), "{full:?}");
+    assert!(
+        out.finish == FinishReason::Cancelled && out.tokens.len() == 3 || out.finish == FinishReason::Eos,
+        "{out:?}"
+    );
+    let full = e.generate(GenerationRequest::greedy(Prompt::Ids(PROMPT.to_vec()), 100), |_| {}).unwrap();
+    assert!(matches!(full.finish, FinishReason::ContextFull | FinishReason::Eos), "{full:?}");
     assert!(full.tokens.len() <= 16 - PROMPT.len() + 1);
-    assert!(e.generate(&[1; 17], 1, SamplingConfig::greedy(), |_| {}).is_err(), "a prompt longer than the context");
-    assert!(e.generate(&[], 1, SamplingConfig::greedy(), |_| {}).is_err(), "an empty prompt");
+    assert!(
+        e.generate(GenerationRequest::greedy(Prompt::Ids([1; 17].to_vec()), 1), |_| {}).is_err(),
+        "a prompt longer than the context"
+    );
+    assert!(e.generate(GenerationRequest::greedy(Prompt::Ids(Vec::new()), 1), |_| {}).is_err(), "an empty prompt");
 }
 
 /// A checkpoint split into shards with an index loads the same model as the single file, and the

@@ -4,7 +4,7 @@
 //!
 //! Without the model the tests fail under `CI=true` (CI fetches it first) and report a skip otherwise.
 
-use int4::{Engine, LoadOptions, RunPath, SamplingConfig};
+use int4::{Engine, GenerationRequest, LoadOptions, Prompt, RunPath};
 use serde_json::Value;
 
 fn model_dir() -> Option<std::path::PathBuf> {
@@ -33,7 +33,10 @@ fn f32_path_matches_transformers_greedy_ids() {
         let name = case["name"].as_str().unwrap();
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
-        let got = engine.generate(&prompt, want.len(), SamplingConfig::greedy(), |_| {}).unwrap().tokens;
+        let got = engine
+            .generate(GenerationRequest::greedy(Prompt::Ids(prompt.to_vec()), want.len()), |_| {})
+            .unwrap()
+            .tokens;
         match got.iter().zip(&want).position(|(a, b)| a != b) {
             None if got.len() == want.len() => exact += 1,
             first => {
@@ -62,7 +65,7 @@ fn f32_path_logits_match_transformers() {
     for case in fx["cases"].as_array().unwrap() {
         let Some(reference) = case.get("final_logits").and_then(Value::as_array) else { continue };
         let prompt = ids(&case["prompt_ids"]);
-        let out = engine.generate(&prompt, 1, SamplingConfig::greedy(), |_| {}).unwrap();
+        let out = engine.generate(GenerationRequest::greedy(Prompt::Ids(prompt.to_vec()), 1), |_| {}).unwrap();
         let scale = reference.iter().map(|v| v.as_f64().unwrap().abs()).fold(0.0, f64::max);
         let worst = out
             .first_logits
@@ -94,12 +97,9 @@ fn tokenizer_gives_the_reference_prompt_ids() {
         assert_eq!(text.decode(&ids(&case["prompt_ids"])).unwrap(), *p);
     }
     // The chat template renders the reference's chat prompt.
-    let chat = text
-        .apply_chat_template(&[int4::Message {
-            role: "user".into(),
-            content: "What is the capital of France? Answer in one word.".into(),
-        }])
-        .unwrap();
+    let mut messages = int4::Messages::new();
+    messages.push("user", "What is the capital of France? Answer in one word.");
+    let chat = text.apply_chat_template(&messages, &int4::ChatOptions::default()).unwrap();
     let case = &fx["cases"][0];
     assert_eq!(text.encode(&chat).unwrap(), ids(&case["prompt_ids"]));
 }
@@ -117,7 +117,7 @@ fn w4a16_path_runs_every_linear_in_a_four_bit_kernel() {
         }
     }
     let prompt = engine.text.encode("The capital of Australia is").unwrap();
-    let out = engine.generate(&prompt, 8, SamplingConfig::greedy(), |_| {}).unwrap();
+    let out = engine.generate(GenerationRequest::greedy(Prompt::Ids(prompt.to_vec()), 8), |_| {}).unwrap();
     assert_eq!(out.tokens.len(), 8);
     println!("{}", engine.text.decode(&out.tokens).unwrap());
 }
