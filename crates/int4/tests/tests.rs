@@ -12,6 +12,8 @@ mod bad_inputs;
 mod fuzz_loaders;
 // Every layer runs the kernels its plan names, at every ISA level this machine offers.
 mod kernel_choice;
+// The generation API: sampling parameters, stop strings and ids, budgets, logprobs, defaults, seeds.
+mod generation;
 // GGUF checkpoints as stored: every type, every path, the cache, the tokenizer, directories and repo ids.
 mod gguf_models;
 // Sessions past 4096 tokens without memory growth, and several threads on one model.
