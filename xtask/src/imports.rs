@@ -27,6 +27,7 @@ pub const ALLOWED_DEPENDENCIES: &[(&str, &[&str])] = &[
     ("int4-layout", &[]),
     ("int4-files", &[]),
     ("int4-safetensors", &[]),
+    ("int4-template", &[]),
     ("int4-hub", &["int4-files"]),
     ("int4-gguf", &["int4-layout", "int4-files", "int4-safetensors"]),
     ("int4-kernels", &["int4-layout"]),
@@ -43,6 +44,7 @@ pub const ALLOWED_DEPENDENCIES: &[(&str, &[&str])] = &[
             "int4-gguf",
             "int4-hub",
             "int4-safetensors",
+            "int4-template",
         ],
     ),
     (

@@ -30,11 +30,11 @@ use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, Plan, Priorit
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result, at};
-use crate::generation::{Generation, GenerationDefaults, GenerationRequest, TokenEvent};
 use crate::linear::{HeadBits, Numerics};
 use crate::model::{KvCache, LinearSpec, Model, linear_specs};
 use crate::model_dir::ModelDir;
 use crate::quantized::QuantFormat;
+use crate::sampling::GenerationDefaults;
 use crate::text::TextCodec;
 use crate::weights::Checkpoint;
 
@@ -124,22 +124,6 @@ pub enum PackedFrom {
     Built(PathBuf),
     /// Packed in this process; the cache could not be written (see the load's warnings).
     InMemory,
-}
-
-/// What a token callback tells the generator: go on, or stop after this token. A callback returning `()`
-/// always goes on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Next {
-    /// Keep generating.
-    Continue,
-    /// Stop after this token.
-    Stop,
-}
-
-impl From<()> for Next {
-    fn from((): ()) -> Self {
-        Next::Continue
-    }
 }
 
 /// A loaded model with its tokenizer.
@@ -570,85 +554,6 @@ impl Engine {
             cached,
             warnings,
         })
-    }
-
-    /// Generates for several requests at once: each prompt is prefilled on its own, then every sequence
-    /// still running decodes in one batch per step (the linears read their weights once per step for all
-    /// of them). `on_event(i, event)` sees request `i`'s tokens as they come. With greedy sampling each
-    /// sequence's tokens are those [`Engine::generate`] gives it alone, while the batch stays below the
-    /// prefill threshold.
-    pub fn generate_batch(
-        &self,
-        requests: Vec<GenerationRequest>,
-        mut on_event: impl FnMut(usize, &TokenEvent),
-    ) -> Result<Vec<Generation>> {
-        let mut seqs = requests.into_iter().map(|r| self.prepare(r)).collect::<Result<Vec<_>>>()?;
-        let n = seqs.len();
-        let mut caches = (0..n).map(|_| self.new_cache()).collect::<Result<Vec<_>>>()?;
-        let mut logits = Vec::with_capacity(n);
-        let mut prefill = Vec::with_capacity(n);
-        for (seq, cache) in seqs.iter().zip(&mut caches) {
-            let prompt = seq.prompt();
-            if prompt.len() > cache.capacity() {
-                return Err(Error::input(
-                    "prompt",
-                    format!("{} tokens do not fit the context ({} positions)", prompt.len(), cache.capacity()),
-                ));
-            }
-            let t = Instant::now();
-            let mut l = Vec::new();
-            for chunk in prompt.chunks(PREFILL_CHUNK) {
-                l = self.model.forward(chunk, cache, false)?;
-            }
-            prefill.push(t.elapsed());
-            logits.push(l);
-        }
-        let first_logits = logits.clone();
-        let vocab = self.model.config().vocab_size;
-        let mut running: Vec<usize> = (0..n).collect();
-        let t = Instant::now();
-        while !running.is_empty() {
-            let mut next_ids = Vec::with_capacity(running.len());
-            let mut still = Vec::with_capacity(running.len());
-            for &i in &running {
-                let room = caches[i].len() < caches[i].capacity();
-                if let Some(event) = seqs[i].advance(&mut logits[i], room)? {
-                    on_event(i, &event);
-                    if event.finish.is_none() {
-                        next_ids.push(event.id);
-                        still.push(i);
-                    }
-                }
-            }
-            running = still;
-            if running.is_empty() {
-                break;
-            }
-            let mut batch: Vec<&mut KvCache> = Vec::with_capacity(running.len());
-            let mut rest: &mut [KvCache] = &mut caches;
-            let mut base = 0;
-            for &i in &running {
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - base);
-                let (first, tail) = tail.split_first_mut().expect("running indices are in range");
-                batch.push(first);
-                rest = tail;
-                base = i + 1;
-            }
-            let step = self.model.forward_batch(&next_ids, &mut batch)?;
-            for (j, &i) in running.iter().enumerate() {
-                logits[i] = step[j * vocab..(j + 1) * vocab].to_vec();
-            }
-        }
-        let decode = t.elapsed();
-        Ok(seqs
-            .into_iter()
-            .zip(prefill)
-            .zip(first_logits)
-            .map(|((s, p), l)| {
-                let n = s.prompt().len();
-                s.into_generation(n, p, decode, l)
-            })
-            .collect())
     }
 }
 

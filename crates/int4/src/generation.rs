@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::engine::{Engine, Next};
+use crate::engine::{Engine, PREFILL_CHUNK};
 use crate::error::{Error, Result};
 use crate::model::KvCache;
-use crate::sampling::{MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs, random_seed};
+use crate::sampling::{MAX_TOP_LOGPROBS, Sampler, SamplingOverrides, TokenLogprobs};
 use crate::text::{ChatOptions, TextStream};
 use int4_template::Messages;
 
@@ -47,111 +47,6 @@ pub enum Prompt {
     },
 }
 
-/// Sampling values a request sets; each one it leaves `None` comes from the model's defaults.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct SamplingOverrides {
-    /// See [`SamplingParams::temperature`].
-    pub temperature: Option<f32>,
-    /// See [`SamplingParams::top_k`].
-    pub top_k: Option<usize>,
-    /// See [`SamplingParams::top_p`].
-    pub top_p: Option<f32>,
-    /// See [`SamplingParams::min_p`].
-    pub min_p: Option<f32>,
-    /// See [`SamplingParams::repetition_penalty`].
-    pub repetition_penalty: Option<f32>,
-    /// See [`SamplingParams::presence_penalty`].
-    pub presence_penalty: Option<f32>,
-    /// See [`SamplingParams::frequency_penalty`].
-    pub frequency_penalty: Option<f32>,
-    /// The seed (none: a fresh random one per request).
-    pub seed: Option<u64>,
-}
-
-impl SamplingOverrides {
-    /// `self`'s values where it has them, else `base`'s.
-    pub fn or(self, base: SamplingOverrides) -> SamplingOverrides {
-        SamplingOverrides {
-            temperature: self.temperature.or(base.temperature),
-            top_k: self.top_k.or(base.top_k),
-            top_p: self.top_p.or(base.top_p),
-            min_p: self.min_p.or(base.min_p),
-            repetition_penalty: self.repetition_penalty.or(base.repetition_penalty),
-            presence_penalty: self.presence_penalty.or(base.presence_penalty),
-            frequency_penalty: self.frequency_penalty.or(base.frequency_penalty),
-            seed: self.seed.or(base.seed),
-        }
-    }
-
-    /// The values, anything unset greedy and off, an unset seed drawn at random.
-    pub fn resolve(self) -> SamplingParams {
-        let g = SamplingParams::greedy();
-        SamplingParams {
-            temperature: self.temperature.unwrap_or(g.temperature),
-            top_k: self.top_k.unwrap_or(g.top_k),
-            top_p: self.top_p.unwrap_or(g.top_p),
-            min_p: self.min_p.unwrap_or(g.min_p),
-            repetition_penalty: self.repetition_penalty.unwrap_or(g.repetition_penalty),
-            presence_penalty: self.presence_penalty.unwrap_or(g.presence_penalty),
-            frequency_penalty: self.frequency_penalty.unwrap_or(g.frequency_penalty),
-            seed: self.seed.unwrap_or_else(random_seed),
-        }
-    }
-}
-
-/// A model's generation defaults, as transformers reads `generation_config.json`: with `do_sample` true,
-/// its `temperature` (else 1), `top_k` (else 50), `top_p` and `min_p`; without, greedy. Its
-/// `repetition_penalty` applies either way, and `max_new_tokens` is the default token budget.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct GenerationDefaults {
-    /// The sampling values.
-    pub sampling: SamplingOverrides,
-    /// The default token budget.
-    pub max_tokens: Option<usize>,
-}
-
-impl GenerationDefaults {
-    /// The defaults `generation_config.json` (`config`) gives, and a warning for each value that cannot be
-    /// used (it is left out: a model's sampling hint is not worth refusing the model over).
-    pub fn from_generation_config(config: &serde_json::Value) -> (Self, Vec<String>) {
-        let mut warnings = Vec::new();
-        let mut float = |key: &str, ok: fn(f32) -> bool| -> Option<f32> {
-            let v = config.get(key)?;
-            match v.as_f64().map(|f| f as f32) {
-                Some(f) if ok(f) => Some(f),
-                _ => {
-                    warnings.push(format!("generation_config.json: \"{key}\": {v} is not usable; it is ignored"));
-                    None
-                }
-            }
-        };
-        let do_sample = config.get("do_sample").and_then(|v| v.as_bool()).unwrap_or(false);
-        let mut s = SamplingOverrides {
-            repetition_penalty: float("repetition_penalty", |f| f.is_finite() && f > 0.0),
-            ..SamplingOverrides::default()
-        };
-        if do_sample {
-            s.temperature = Some(float("temperature", |f| f.is_finite() && f >= 0.0).unwrap_or(1.0));
-            s.top_p = float("top_p", |f| f > 0.0 && f <= 1.0);
-            s.min_p = float("min_p", |f| (0.0..=1.0).contains(&f));
-            s.top_k = match config.get("top_k") {
-                None => Some(50),
-                Some(v) => match v.as_u64() {
-                    Some(k) => Some(k as usize),
-                    None => {
-                        warnings.push(format!("generation_config.json: \"top_k\": {v} is not usable; it is ignored"));
-                        Some(50)
-                    }
-                },
-            };
-        } else {
-            s.temperature = Some(0.0);
-        }
-        let max_tokens = config.get("max_new_tokens").and_then(|v| v.as_u64()).map(|n| n as usize);
-        (GenerationDefaults { sampling: s, max_tokens }, warnings)
-    }
-}
-
 /// A flag a caller sets to stop a generation between two tokens (from any thread).
 #[derive(Clone, Debug, Default)]
 pub struct CancelToken(Arc<AtomicBool>);
@@ -170,6 +65,22 @@ impl CancelToken {
     /// Whether it was asked to stop.
     pub fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What a token callback tells the generator: go on, or stop after this token. A callback returning `()`
+/// always goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Keep generating.
+    Continue,
+    /// Stop after this token.
+    Stop,
+}
+
+impl From<()> for Next {
+    fn from((): ()) -> Self {
+        Next::Continue
     }
 }
 
@@ -417,7 +328,7 @@ impl Engine {
         }
         let t = Instant::now();
         let mut logits = Vec::new();
-        for chunk in new.chunks(crate::engine::PREFILL_CHUNK) {
+        for chunk in new.chunks(PREFILL_CHUNK) {
             logits = self.model.forward(chunk, cache, false)?;
         }
         let prefill = t.elapsed();
@@ -438,6 +349,87 @@ impl Engine {
         }
         let decode = t.elapsed();
         Ok(seq.into_generation(prefill_tokens, prefill, decode, first_logits))
+    }
+}
+
+impl Engine {
+    /// Generates for several requests at once: each prompt is prefilled on its own, then every sequence
+    /// still running decodes in one batch per step (the linears read their weights once per step for all
+    /// of them). `on_event(i, event)` sees request `i`'s tokens as they come. With greedy sampling each
+    /// sequence's tokens are those [`Engine::generate`] gives it alone, while the batch stays below the
+    /// prefill threshold.
+    pub fn generate_batch(
+        &self,
+        requests: Vec<GenerationRequest>,
+        mut on_event: impl FnMut(usize, &TokenEvent),
+    ) -> Result<Vec<Generation>> {
+        let mut seqs = requests.into_iter().map(|r| self.prepare(r)).collect::<Result<Vec<_>>>()?;
+        let n = seqs.len();
+        let mut caches = (0..n).map(|_| self.new_cache()).collect::<Result<Vec<_>>>()?;
+        let mut logits = Vec::with_capacity(n);
+        let mut prefill = Vec::with_capacity(n);
+        for (seq, cache) in seqs.iter().zip(&mut caches) {
+            let prompt = seq.prompt();
+            if prompt.len() > cache.capacity() {
+                return Err(Error::input(
+                    "prompt",
+                    format!("{} tokens do not fit the context ({} positions)", prompt.len(), cache.capacity()),
+                ));
+            }
+            let t = Instant::now();
+            let mut l = Vec::new();
+            for chunk in prompt.chunks(PREFILL_CHUNK) {
+                l = self.model.forward(chunk, cache, false)?;
+            }
+            prefill.push(t.elapsed());
+            logits.push(l);
+        }
+        let first_logits = logits.clone();
+        let vocab = self.model.config().vocab_size;
+        let mut running: Vec<usize> = (0..n).collect();
+        let t = Instant::now();
+        while !running.is_empty() {
+            let mut next_ids = Vec::with_capacity(running.len());
+            let mut still = Vec::with_capacity(running.len());
+            for &i in &running {
+                let room = caches[i].len() < caches[i].capacity();
+                if let Some(event) = seqs[i].advance(&mut logits[i], room)? {
+                    on_event(i, &event);
+                    if event.finish.is_none() {
+                        next_ids.push(event.id);
+                        still.push(i);
+                    }
+                }
+            }
+            running = still;
+            if running.is_empty() {
+                break;
+            }
+            let mut batch: Vec<&mut KvCache> = Vec::with_capacity(running.len());
+            let mut rest: &mut [KvCache] = &mut caches;
+            let mut base = 0;
+            for &i in &running {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - base);
+                let (first, tail) = tail.split_first_mut().expect("running indices are in range");
+                batch.push(first);
+                rest = tail;
+                base = i + 1;
+            }
+            let step = self.model.forward_batch(&next_ids, &mut batch)?;
+            for (j, &i) in running.iter().enumerate() {
+                logits[i] = step[j * vocab..(j + 1) * vocab].to_vec();
+            }
+        }
+        let decode = t.elapsed();
+        Ok(seqs
+            .into_iter()
+            .zip(prefill)
+            .zip(first_logits)
+            .map(|((s, p), l)| {
+                let n = s.prompt().len();
+                s.into_generation(n, p, decode, l)
+            })
+            .collect())
     }
 }
 

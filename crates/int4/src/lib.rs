@@ -67,11 +67,11 @@ mod text;
 mod weights;
 
 pub use config::{Architecture, Llama3Rope, ModelConfig};
-pub use engine::{Engine, LoadOptions, ModelInfo, Next, PackProgress, PackedFrom};
+pub use engine::{Engine, LoadOptions, ModelInfo, PackProgress, PackedFrom};
 pub use error::{Error, ErrorKind, Result};
 pub use generation::{
-    CancelToken, FinishReason, Generation, GenerationDefaults, GenerationRequest, MAX_STOP_BYTES, MAX_STOP_STRINGS,
-    Prompt, SamplingOverrides, Sequence, TokenEvent, Usage,
+    CancelToken, FinishReason, Generation, GenerationRequest, MAX_STOP_BYTES, MAX_STOP_STRINGS, Next, Prompt, Sequence,
+    TokenEvent, Usage,
 };
 pub use linear::{HeadBits, INT8_GROUP, Linear, Numerics, SectionSource};
 pub use model::{
@@ -81,7 +81,10 @@ pub use model_dir::{CONFIG_CAP, ModelDir, ModelSource, TEMPLATE_CAP, TOKENIZER_C
 pub use quantized::{
     Int8Codes, IntegerZeros, QuantFormat, QuantLinear, StoredLinear, inexact_q4_1_zeros, read_gguf_linear, read_linear,
 };
-pub use sampling::{MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs, argmax, random_seed, top_k, top2_gap};
+pub use sampling::{
+    GenerationDefaults, MAX_TOP_LOGPROBS, Sampler, SamplingOverrides, SamplingParams, TokenLogprobs, argmax,
+    random_seed, top_k, top2_gap,
+};
 pub use text::{ChatOptions, MAX_NORMALIZER_GROWTH, TEMPLATE_OUTPUT_CAP, TextCodec, TextStream};
 pub use weights::{Checkpoint, StoredTensor};
 

@@ -111,6 +111,111 @@ impl SamplingParams {
     }
 }
 
+/// Sampling values a request sets; each one it leaves `None` comes from the model's defaults.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SamplingOverrides {
+    /// See [`SamplingParams::temperature`].
+    pub temperature: Option<f32>,
+    /// See [`SamplingParams::top_k`].
+    pub top_k: Option<usize>,
+    /// See [`SamplingParams::top_p`].
+    pub top_p: Option<f32>,
+    /// See [`SamplingParams::min_p`].
+    pub min_p: Option<f32>,
+    /// See [`SamplingParams::repetition_penalty`].
+    pub repetition_penalty: Option<f32>,
+    /// See [`SamplingParams::presence_penalty`].
+    pub presence_penalty: Option<f32>,
+    /// See [`SamplingParams::frequency_penalty`].
+    pub frequency_penalty: Option<f32>,
+    /// The seed (none: a fresh random one per request).
+    pub seed: Option<u64>,
+}
+
+impl SamplingOverrides {
+    /// `self`'s values where it has them, else `base`'s.
+    pub fn or(self, base: SamplingOverrides) -> SamplingOverrides {
+        SamplingOverrides {
+            temperature: self.temperature.or(base.temperature),
+            top_k: self.top_k.or(base.top_k),
+            top_p: self.top_p.or(base.top_p),
+            min_p: self.min_p.or(base.min_p),
+            repetition_penalty: self.repetition_penalty.or(base.repetition_penalty),
+            presence_penalty: self.presence_penalty.or(base.presence_penalty),
+            frequency_penalty: self.frequency_penalty.or(base.frequency_penalty),
+            seed: self.seed.or(base.seed),
+        }
+    }
+
+    /// The values, anything unset greedy and off, an unset seed drawn at random.
+    pub fn resolve(self) -> SamplingParams {
+        let g = SamplingParams::greedy();
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(g.temperature),
+            top_k: self.top_k.unwrap_or(g.top_k),
+            top_p: self.top_p.unwrap_or(g.top_p),
+            min_p: self.min_p.unwrap_or(g.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(g.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(g.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(g.frequency_penalty),
+            seed: self.seed.unwrap_or_else(random_seed),
+        }
+    }
+}
+
+/// A model's generation defaults, as transformers reads `generation_config.json`: with `do_sample` true,
+/// its `temperature` (else 1), `top_k` (else 50), `top_p` and `min_p`; without, greedy. Its
+/// `repetition_penalty` applies either way, and `max_new_tokens` is the default token budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GenerationDefaults {
+    /// The sampling values.
+    pub sampling: SamplingOverrides,
+    /// The default token budget.
+    pub max_tokens: Option<usize>,
+}
+
+impl GenerationDefaults {
+    /// The defaults `generation_config.json` (`config`) gives, and a warning for each value that cannot be
+    /// used (it is left out: a model's sampling hint is not worth refusing the model over).
+    pub fn from_generation_config(config: &serde_json::Value) -> (Self, Vec<String>) {
+        let mut warnings = Vec::new();
+        let mut float = |key: &str, ok: fn(f32) -> bool| -> Option<f32> {
+            let v = config.get(key)?;
+            match v.as_f64().map(|f| f as f32) {
+                Some(f) if ok(f) => Some(f),
+                _ => {
+                    warnings.push(format!("generation_config.json: \"{key}\": {v} is not usable; it is ignored"));
+                    None
+                }
+            }
+        };
+        let do_sample = config.get("do_sample").and_then(|v| v.as_bool()).unwrap_or(false);
+        let mut s = SamplingOverrides {
+            repetition_penalty: float("repetition_penalty", |f| f.is_finite() && f > 0.0),
+            ..SamplingOverrides::default()
+        };
+        if do_sample {
+            s.temperature = Some(float("temperature", |f| f.is_finite() && f >= 0.0).unwrap_or(1.0));
+            s.top_p = float("top_p", |f| f > 0.0 && f <= 1.0);
+            s.min_p = float("min_p", |f| (0.0..=1.0).contains(&f));
+            s.top_k = match config.get("top_k") {
+                None => Some(50),
+                Some(v) => match v.as_u64() {
+                    Some(k) => Some(k as usize),
+                    None => {
+                        warnings.push(format!("generation_config.json: \"top_k\": {v} is not usable; it is ignored"));
+                        Some(50)
+                    }
+                },
+            };
+        } else {
+            s.temperature = Some(0.0);
+        }
+        let max_tokens = config.get("max_new_tokens").and_then(|v| v.as_u64()).map(|n| n as usize);
+        (GenerationDefaults { sampling: s, max_tokens }, warnings)
+    }
+}
+
 /// The log-probabilities of one sampled token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprobs {

@@ -270,7 +270,9 @@ fn requests_with_values_that_cannot_run_are_refused() {
     assert!(run(&|r| r.sampling.temperature = Some(f32::NAN)).contains("temperature"));
     assert!(run(&|r| r.sampling.min_p = Some(2.0)).contains("min_p"));
     assert!(run(&|r| r.prompt = Prompt::Ids(vec![1, 100_000])).contains("outside the vocabulary"));
-    assert!(run(&|r| r.prompt = Prompt::Chat { messages: Messages::new(), options: Default::default() }).contains("empty"));
+    assert!(
+        run(&|r| r.prompt = Prompt::Chat { messages: Messages::new(), options: Default::default() }).contains("empty")
+    );
 }
 
 #[test]
@@ -369,8 +371,12 @@ fn a_seeded_sampled_run_repeats_across_thread_counts_on_every_path() {
             move || {
                 let mut r = GenerationRequest::new(Prompt::Ids(PROMPT.to_vec()));
                 r.max_tokens = Some(16);
-                r.sampling =
-                    SamplingOverrides { temperature: Some(1.5), top_p: Some(0.95), seed: Some(seed), ..Default::default() };
+                r.sampling = SamplingOverrides {
+                    temperature: Some(1.5),
+                    top_p: Some(0.95),
+                    seed: Some(seed),
+                    ..Default::default()
+                };
                 r
             }
         };
