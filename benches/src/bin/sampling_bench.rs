@@ -3,9 +3,12 @@
 //!
 //! Each setting generates `--tokens` tokens (end-of-sequence tokens ignored, so every run is as long)
 //! after the same chat prompt, through the generation API (`Engine::generate`), on the path the policy
-//! picks. The settings run in ABBA order over the rounds — greedy first in odd rounds, last in even ones
-//! — so a drifting neighbour moves them alike; each is reported as the median over rounds of decode tok/s
-//! and of its ratio to greedy in the same round.
+//! picks. In each round every setting runs between two greedy runs (the settings in forward order in
+//! even rounds, reverse in odd ones), and its ratio is to the mean of those two, so a drifting neighbour
+//! cancels; each setting is reported as the median over rounds of its decode tok/s and of that ratio.
+//!
+//! Beside each, the sampler alone: microseconds per token over about 2000 draws from the model's logits
+//! at each step of a sampled run (the logits copied afresh for each draw; the copy's own time subtracted).
 //!
 //! Settings: `greedy`; `t0.8-p0.95` (temperature 0.8, top-p 0.95); `t0.8-k40` (temperature 0.8, top-k
 //! 40); `t0.8-minp0.05`; `penalties` (greedy with repetition 1.1, presence 0.5, frequency 0.5);
@@ -123,22 +126,86 @@ fn main() {
     for s in &all {
         run(s);
     }
+    // Each setting between two greedy runs: its ratio is to their mean, so drift within a round cancels.
     let mut tps: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
     for round in 0..a.rounds {
-        let order: Vec<usize> = if round % 2 == 0 { (0..all.len()).collect() } else { (0..all.len()).rev().collect() };
+        let order: Vec<usize> = if round % 2 == 0 { (1..all.len()).collect() } else { (1..all.len()).rev().collect() };
+        let mut before = run(&all[0]);
+        tps[0].push(before);
+        ratios[0].push(1.0);
         for i in order {
-            tps[i].push(run(&all[i]));
+            let x = run(&all[i]);
+            let after = run(&all[0]);
+            tps[i].push(x);
+            tps[0].push(after);
+            ratios[i].push(x / ((before + after) / 2.0));
+            before = after;
         }
     }
+    // The sampler alone, on the model's own logits at every step of a sampled run (temperature 0.8, so
+    // the distributions are those sampling meets): microseconds per token, the copy of the logits each
+    // draw starts from subtracted.
+    let prompt = engine
+        .text
+        .encode(
+            &engine
+                .text
+                .apply_chat_template(&messages, &ChatOptions::default())
+                .unwrap_or_else(|e| fail(e.to_string())),
+        )
+        .unwrap_or_else(|e| fail(e.to_string()));
+    let mut cache = engine.new_cache().unwrap_or_else(|e| fail(e.to_string()));
+    let mut steps = vec![engine.model.forward(&prompt, &mut cache, false).unwrap_or_else(|e| fail(e.to_string()))];
+    let mut walk = int4::Sampler::new(all[1].sampling.resolve());
+    while steps.len() < a.tokens.min(cache.capacity() - prompt.len()) {
+        let mut l = steps[steps.len() - 1].clone();
+        let id = walk.sample(&mut l);
+        steps.push(engine.model.forward(&[id], &mut cache, false).unwrap_or_else(|e| fail(e.to_string())));
+    }
+    let passes = (2000 / steps.len()).max(1);
+    let draws = (passes * steps.len()) as f64;
+    let mut buf = steps[0].clone();
+    let t = std::time::Instant::now();
+    for _ in 0..passes {
+        for l in &steps {
+            buf.copy_from_slice(l);
+            std::hint::black_box(&mut buf);
+        }
+    }
+    let copy_us = t.elapsed().as_secs_f64() * 1e6 / draws;
+    let mut sampler_us = Vec::new();
+    for s in &all {
+        let params = s.sampling.or(engine.defaults.sampling).resolve();
+        let mut sampler = int4::Sampler::new(params);
+        sampler.observe_prompt(&prompt);
+        let t = std::time::Instant::now();
+        for _ in 0..passes {
+            for l in &steps {
+                buf.copy_from_slice(l);
+                let id = sampler.sample(&mut buf);
+                if let Some(top) = s.logprobs {
+                    std::hint::black_box(sampler.logprobs(l, id, top));
+                }
+            }
+        }
+        sampler_us.push((t.elapsed().as_secs_f64() * 1e6 / draws - copy_us).max(0.0));
+    }
     let mut rows = Vec::new();
-    println!("| setting | decode tok/s (median) | range | ratio to greedy (median of per-round ratios) |");
-    println!("|---|---|---|---|");
+    println!(
+        "| setting | decode tok/s (median) | range | ratio to the greedy runs around it (median) | sampler µs/token |"
+    );
+    println!("|---|---|---|---|---|");
     for (i, s) in all.iter().enumerate() {
-        let ratios: Vec<f64> = tps[i].iter().zip(&tps[0]).map(|(x, g)| x / g).collect();
+        let ratios = ratios[i].clone();
         let (lo, hi) = tps[i].iter().fold((f64::INFINITY, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
         let (m, r) = (median(tps[i].clone()), median(ratios.clone()));
-        println!("| {} | {m:.1} | {lo:.1}–{hi:.1} | {r:.3} |", s.name);
-        rows.push(json!({"setting": s.name, "tok_s": tps[i], "median_tok_s": m, "ratios": ratios, "median_ratio": r}));
+        let us = sampler_us[i];
+        println!("| {} | {m:.1} | {lo:.1}–{hi:.1} | {r:.3} | {us:.1} |", s.name);
+        rows.push(json!({
+            "setting": s.name, "tok_s": tps[i], "median_tok_s": m, "ratios": ratios, "median_ratio": r,
+            "sampler_us_per_token": us,
+        }));
     }
     if let Some(path) = &a.json {
         let doc = json!({

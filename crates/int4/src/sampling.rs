@@ -323,12 +323,16 @@ impl Sampler {
         } else {
             self.weights.clear();
             self.weights.extend_from_slice(logits);
-            self.ops.softmax_exp(&mut self.weights, max, inv_t);
+            let sum = self.ops.softmax_exp(&mut self.weights, max, inv_t);
             if p.top_p >= 1.0 {
                 // Every token above the floor: draw straight from the weights, in id order.
                 return self.draw_from_weights(floor).unwrap_or_else(|| argmax(logits));
             }
-            let total: f64 = self.weights.iter().filter(|&&w| w >= floor).map(|&w| f64::from(w)).sum();
+            let total: f64 = if floor > 0.0 {
+                self.weights.iter().filter(|&&w| w >= floor).map(|&w| f64::from(w)).sum()
+            } else {
+                f64::from(sum)
+            };
             let target = total * f64::from(p.top_p);
             // The nucleus takes the heaviest first, so once the tokens at or above a cut-off hold `target`
             // it lies among them: lower the cut-off until they do, then sort only those.
@@ -438,15 +442,56 @@ impl Ord for Worst {
     }
 }
 
-/// The `k` largest logits with their ids, largest first (the lower id first among equals), in one pass
-/// with a heap of `k`.
+/// The `k` largest logits with their ids, largest first (the lower id first among equals; NaNs are never
+/// taken). A small `k` of a large vocabulary finds, by vectorised counting passes, a distance below the
+/// largest logit within which at least `k` (and not many more) lie, takes those and selects among them;
+/// otherwise one pass with a heap of `k`.
 pub fn top_k(logits: &[f32], k: usize) -> Vec<(f32, u32)> {
     let k = k.min(logits.len());
     if k == 0 {
         return Vec::new();
     }
+    let max = VectorOps::new().max(logits);
+    if k * 64 <= logits.len() && max.is_finite() {
+        // Widen the distance below the largest until at least k lie within it, then narrow it (a few
+        // halvings) while more than 4k do; then take those, and select the k among them.
+        let at_least = |t: f32| count_at_least(logits, t);
+        let (mut inside, mut outside) = (0.0f32, 1.0f32);
+        while at_least(max - outside) < k {
+            inside = outside;
+            outside *= 4.0;
+            if outside > 1e30 {
+                break;
+            }
+        }
+        if outside <= 1e30 {
+            for _ in 0..6 {
+                let mid = (inside + outside) / 2.0;
+                match at_least(max - mid) {
+                    n if n < k => inside = mid,
+                    n if n > 4 * k => outside = mid,
+                    _ => {
+                        outside = mid;
+                        break;
+                    }
+                }
+            }
+            let floor = max - outside;
+            let mut c: Vec<(f32, u32)> =
+                logits.iter().enumerate().filter(|&(_, &l)| l >= floor).map(|(i, &l)| (l, i as u32)).collect();
+            if c.len() > k {
+                c.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                c.truncate(k);
+            }
+            sort_desc(&mut c);
+            return c;
+        }
+    }
     let mut heap: BinaryHeap<Worst> = BinaryHeap::with_capacity(k + 1);
     for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
         if heap.len() < k {
             heap.push(Worst(l, i as u32));
         } else if let Some(w) = heap.peek()
@@ -459,6 +504,19 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<(f32, u32)> {
     let mut out: Vec<(f32, u32)> = heap.into_iter().map(|Worst(l, i)| (l, i)).collect();
     sort_desc(&mut out);
     out
+}
+
+/// How many of `x` are at least `t` (NaN never is), in sixteen lanes of counts the compiler vectorises.
+fn count_at_least(x: &[f32], t: f32) -> usize {
+    let mut lanes = [0u32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (n, &v) in lanes.iter_mut().zip(c) {
+            *n += u32::from(v >= t);
+        }
+    }
+    let tail = chunks.remainder().iter().filter(|&&v| v >= t).count();
+    lanes.iter().map(|&n| n as usize).sum::<usize>() + tail
 }
 
 /// SplitMix64: a small, well-mixed stream, fully determined by its seed.
@@ -488,15 +546,11 @@ pub fn random_seed() -> u64 {
     h.finish()
 }
 
-/// The index of the largest logit (the lowest index on a tie).
+/// The index of the largest logit (the lowest index on a tie; NaNs are passed over, and all NaN is 0):
+/// the maximum by a vectorised pass, then its first position.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    let max = VectorOps::new().max(logits);
+    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
 }
 
 /// The two largest logits' gap (for reporting near-ties).

@@ -107,6 +107,26 @@ fn top_p_over_a_flat_tail_takes_the_nucleus_a_full_sort_takes() {
 }
 
 #[test]
+fn top_k_is_a_full_sort_s_first_k() {
+    // Logits with many exact ties, spread, and a masked tail.
+    let mut state = 7u64;
+    let mut l: Vec<f32> = (0..49_152)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) % 2000) as f32 / 100.0 - 10.0
+        })
+        .collect();
+    l[49_000..].fill(f32::NEG_INFINITY);
+    let mut order: Vec<(f32, u32)> = l.iter().enumerate().map(|(i, &x)| (x, i as u32)).collect();
+    order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    for k in [1, 2, 40, 100, 767, 1000, 5000, 49_152] {
+        assert_eq!(int4::top_k(&l, k), order[..k], "k = {k}");
+    }
+    let few = [0.5f32, 0.5, -1.0, 3.0];
+    assert_eq!(int4::top_k(&few, 3), [(3.0, 3), (0.5, 0), (0.5, 1)]);
+}
+
+#[test]
 fn penalties_change_the_greedy_choice() {
     let l = logits_of(&PROBS, 8);
     let pick = |p: SamplingParams, prompt: &[u32], outputs: &[u32]| {
