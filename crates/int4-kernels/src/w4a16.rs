@@ -443,6 +443,20 @@ impl W4A16Linear {
 
     /// Runs the decode kernel for any `m` (the threshold is not consulted).
     pub fn decode(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        self.decode_passes(x, m, out, DECODE_ROWS)
+    }
+
+    /// The decode kernel for `m` rows, each row's result bit for bit what [`W4A16Linear::decode`] gives it
+    /// alone: one pass over the weights for all rows, each block of weights taken by every row in turn
+    /// (from cache after the first), a row at a time, so each row's sums run on the accumulator chains of
+    /// a one-row pass. ([`W4A16Linear::decode`] takes up to four rows per pass, each on fewer chains, so
+    /// its rows' sums round otherwise.)
+    pub fn decode_rows_exact(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        self.decode_passes(x, m, out, 1)
+    }
+
+    /// The decode kernel, `rows` activation rows per pass over a block of weights.
+    fn decode_passes(&self, x: &[f32], m: usize, out: &mut [f32], rows: usize) -> Result<(), KernelError> {
         let w = &self.weights;
         let (n, k) = (w.n, w.k);
         if !self.has_rows(x, m, out)? {
@@ -457,12 +471,12 @@ impl W4A16Linear {
                 let (pairs, sums) = bf16_pairs_and_sums(x, m, k, g_len);
                 // The f32 kernel's group sums, unless the bf16 kernel takes every block (N a multiple of 64).
                 let xs = if n.is_multiple_of(64) { Vec::new() } else { portable::group_sums(x, m, k, g_len) };
-                self.decode_avx512(bt.avx512(), Some((bt, &pairs, &sums)), x, m, &xs, &mut tiles);
+                self.decode_avx512(bt.avx512(), Some((bt, &pairs, &sums)), x, m, rows, &xs, &mut tiles);
                 return self.finish(&tiles, m, out);
             }
             BoundKernel::W4a16DecodeAvx512(tok) => {
                 let xs = portable::group_sums(x, m, k, g_len);
-                self.decode_avx512(tok, None, x, m, &xs, &mut tiles);
+                self.decode_avx512(tok, None, x, m, rows, &xs, &mut tiles);
                 return self.finish(&tiles, m, out);
             }
             BoundKernel::W4a16DecodeAvx2(tok) => InnerLoops::Avx2(tok),
@@ -476,7 +490,7 @@ impl W4A16Linear {
             let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
             let mut r0 = 0;
             while r0 < m {
-                let mr = DECODE_ROWS.min(m - r0);
+                let mr = rows.min(m - r0);
                 let xr = &x[r0 * k..];
                 let xsr = &xs[r0 * groups..];
                 let t = &mut tile[r0 * 16..(r0 + mr) * 16];
@@ -515,12 +529,14 @@ impl W4A16Linear {
     ///
     /// With `bf16` (the token, activation pairs `[m][k/2]` and their bf16 group sums `[m][groups]`), each
     /// full 64-channel block runs the `vdpbf16ps` kernel instead, for up to four rows per pass.
+    #[allow(clippy::too_many_arguments)]
     fn decode_avx512(
         &self,
         tok: Avx512,
         bf16: Option<(Avx512Bf16, &[u32], &[f32])>,
         x: &[f32],
         m: usize,
+        rows: usize,
         xs: &[f32],
         tiles: &mut [f32],
     ) {
@@ -539,7 +555,7 @@ impl W4A16Linear {
             let count = chunk.len() / (m * 16);
             let mut r0 = 0;
             while r0 < m {
-                let mr = DECODE_ROWS.min(m - r0);
+                let mr = rows.min(m - r0);
                 // `xs` is empty when the bf16 kernel takes every block.
                 let (xr, xsr) = (&x[r0 * k..], xs.get(r0 * groups..).unwrap_or(&[]));
                 let mut i = 0;

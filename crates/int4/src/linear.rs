@@ -662,8 +662,34 @@ impl Linear {
         }
     }
 
+    /// Decode rows (one per sequence), each computed bit for bit as it is alone: W4A16 in one pass over
+    /// the weights, a row at a time per block ([`W4A16Linear::decode_rows_exact`]); W8A16, whose decode
+    /// and prefill follow one arithmetic order, in one call; the others in calls of fewer rows than start
+    /// their prefill phase (their decode kernels compute each row alike however many share a call).
+    /// `Model::step`'s test holds every path to this.
+    pub fn forward_decode(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+        match &self.imp {
+            Imp::W4a16(_) | Imp::W8a16(_) => self.run(x, m, out, true),
+            _ => {
+                let per_call = self.prefill_from.saturating_sub(1).max(1);
+                let mut s = 0;
+                while s < m {
+                    let r = per_call.min(m - s);
+                    self.forward(&x[s * self.k..(s + r) * self.k], r, &mut out[s * self.n..(s + r) * self.n])?;
+                    s += r;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// `out[m][n] = x[m][k]·Wᵀ (+ bias)`.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+        self.run(x, m, out, false)
+    }
+
+    /// [`Linear::forward`]; with `decode_rows`, W4A16 runs its row-exact decode for any `m`.
+    fn run(&self, x: &[f32], m: usize, out: &mut [f32], decode_rows: bool) -> Result<()> {
         let permuted;
         let x = match &self.perm {
             Some(p) if x.len() == m * self.k => {
@@ -676,6 +702,7 @@ impl Linear {
         let run = |out: &mut [f32]| -> std::result::Result<KernelId, int4_kernels::KernelError> {
             match &self.imp {
                 Imp::Dense(d) => d.forward(x, m, out),
+                Imp::W4a16(l) if decode_rows => l.decode_rows_exact(x, m, out).map(|()| l.kernels().for_rows(1)),
                 Imp::W4a16(l) => l.forward(x, m, out),
                 Imp::Wna16(l) => l.forward(x, m, out),
                 Imp::W4a8(l) => l.forward(x, m, out),
@@ -694,7 +721,7 @@ impl Linear {
             ran
         };
         let index = KernelId::ALL.iter().position(|&k| k == ran).map_or(0, |i| i + 1);
-        self.dispatched[usize::from(m >= self.prefill_from)].store(index as u8, Ordering::Relaxed);
+        self.dispatched[usize::from(m >= self.prefill_from && !decode_rows)].store(index as u8, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -252,6 +252,34 @@ struct AttnShape {
     scale: f32,
 }
 
+/// Rows a linear layer runs together: in one call (a prompt chunk, or `forward_batch`'s rows), or, for
+/// decode rows (one per sequence), each as it runs alone ([`Linear::forward_decode`]).
+#[derive(Clone, Copy, Debug)]
+struct RowGroup {
+    start: usize,
+    len: usize,
+    decode: bool,
+}
+
+/// `out = x·Wᵀ` over `groups` of rows, each group in the calls its role takes.
+fn run_linear(l: &Linear, x: &[f32], groups: &[RowGroup], out: &mut [f32]) -> Result<()> {
+    let (k, n) = (l.k(), l.n());
+    for g in groups {
+        let (x, out) = (&x[g.start * k..(g.start + g.len) * k], &mut out[g.start * n..(g.start + g.len) * n]);
+        if g.decode { l.forward_decode(x, g.len, out)? } else { l.forward(x, g.len, out)? }
+    }
+    Ok(())
+}
+
+/// One sequence's part of a [`Model::step`].
+#[derive(Debug)]
+pub struct StepEntry<'a> {
+    /// Its next tokens: one to decode, or a chunk of its prompt.
+    pub tokens: &'a [u32],
+    /// Its KV cache, continued by them.
+    pub cache: &'a mut KvCache,
+}
+
 /// Grouped-query attention of layer `li` for every row: `attn[i][h] = softmax(q·Kᵀ·scale)·V` over the keys
 /// `0..=pos[i]` of row `i`'s sequence (whose cache already holds this call's keys and values).
 ///
@@ -285,17 +313,21 @@ fn attention(
     let AttnShape { hd, nh, nkv, .. } = shape;
     let m = seq.len();
     let group = nh / nkv;
-    // Query blocks: 64 rows for long prompts, smaller for short ones so both threads get work.
-    let qb = (m / 8).clamp(16, 64);
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     let mut i = 0;
     while i < m {
-        let mut j = i + 1;
-        while j < m && j - i < qb && seq[j] == seq[i] && pos[j] == pos[j - 1] + 1 {
-            j += 1;
+        // A sequence's consecutive rows, in query blocks of 64 for a long run, smaller for a short one so
+        // both threads get work: sized by that run alone, whatever else shares the step.
+        let mut run = i + 1;
+        while run < m && seq[run] == seq[i] && pos[run] == pos[run - 1] + 1 {
+            run += 1;
         }
-        tasks.extend((0..nkv).map(|kvh| (i, j - i, kvh)));
-        i = j;
+        let qb = ((run - i) / 8).clamp(16, 64);
+        while i < run {
+            let j = (i + qb).min(run);
+            tasks.extend((0..nkv).map(|kvh| (i, j - i, kvh)));
+            i = j;
+        }
     }
     let flops: usize = tasks.iter().map(|&(i0, r, _)| 4 * r * (pos[i0 + r - 1] + 1) * group * hd).sum();
     let run = |&(i0, r, kvh): &(usize, usize, usize)| -> Vec<f32> {
@@ -863,7 +895,8 @@ impl Model {
         let seq = vec![0; tokens.len()];
         let rows: Vec<usize> =
             if all_logits { (0..tokens.len()).collect() } else { vec![tokens.len().saturating_sub(1)] };
-        self.forward_rows(tokens, &seq, &mut [cache], &rows, None)
+        let groups = [RowGroup { start: 0, len: tokens.len(), decode: tokens.len() == 1 }];
+        self.forward_rows(tokens, &seq, &mut [cache], &rows, &groups, None)
     }
 
     /// [`Model::forward`] with an observer that sees every linear layer's input and steers which decoder
@@ -877,7 +910,8 @@ impl Model {
     ) -> Result<Vec<f32>> {
         let seq = vec![0; tokens.len()];
         let rows = vec![tokens.len().saturating_sub(1)];
-        self.forward_rows(tokens, &seq, &mut [cache], &rows, Some(observer))
+        let groups = [RowGroup { start: 0, len: tokens.len(), decode: tokens.len() == 1 }];
+        self.forward_rows(tokens, &seq, &mut [cache], &rows, &groups, Some(observer))
     }
 
     /// Replaces the weights of linear `slot` of decoder layer `layer` (`num_layers` or any layer for
@@ -918,7 +952,50 @@ impl Model {
             return Err(Error::input("batch", format!("{} tokens for {} sequences", tokens.len(), caches.len())));
         }
         let seq: Vec<usize> = (0..tokens.len()).collect();
-        self.forward_rows(tokens, &seq, caches, &seq, None)
+        // One call per layer for every row: the weights are read once per step (at the prefill threshold
+        // the prefill kernels run); `Model::step` is the call whose rows get the bits they get alone.
+        let groups = [RowGroup { start: 0, len: tokens.len(), decode: false }];
+        self.forward_rows(tokens, &seq, caches, &seq, &groups, None)
+    }
+
+    /// One step of several sequences: each entry's tokens continue its cache — one token to decode, or a
+    /// chunk of its prompt — and the logits of each entry's last row come back, `[entries][vocab]` in
+    /// entry order. Every row runs the kernels it would run alone: a one-token entry the decode kernels
+    /// (decode rows share a call up to the rows the decode kernel takes), a chunk the kernels its own
+    /// length picks, whatever else shares the step; so an entry's logits are those of
+    /// [`Model::forward`] on its tokens alone, bit for bit.
+    pub fn step(&self, entries: &mut [StepEntry<'_>]) -> Result<Vec<f32>> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        if entries.iter().any(|e| e.tokens.is_empty()) {
+            return Err(Error::input("step", "an entry with no tokens"));
+        }
+        // Decode rows first, together; then each chunk.
+        let order: Vec<usize> = (0..entries.len())
+            .filter(|&i| entries[i].tokens.len() == 1)
+            .chain((0..entries.len()).filter(|&i| entries[i].tokens.len() > 1))
+            .collect();
+        let (mut tokens, mut seq, mut groups, mut last) = (Vec::new(), Vec::new(), Vec::new(), vec![0; entries.len()]);
+        let singles = entries.iter().filter(|e| e.tokens.len() == 1).count();
+        if singles > 0 {
+            groups.push(RowGroup { start: 0, len: singles, decode: true });
+        }
+        for (slot, &i) in order.iter().enumerate() {
+            let t = entries[i].tokens;
+            if t.len() > 1 {
+                groups.push(RowGroup { start: tokens.len(), len: t.len(), decode: false });
+            }
+            tokens.extend_from_slice(t);
+            seq.extend(std::iter::repeat_n(slot, t.len()));
+            last[i] = tokens.len() - 1;
+        }
+        let mut caches: Vec<&mut KvCache> = Vec::with_capacity(entries.len());
+        let mut by_slot: Vec<Option<&mut KvCache>> = entries.iter_mut().map(|e| Some(&mut *e.cache)).collect();
+        for &i in &order {
+            caches.push(by_slot[i].take().expect("each entry once"));
+        }
+        self.forward_rows(&tokens, &seq, &mut caches, &last, &groups, None)
     }
 
     /// Runs rows `tokens`, row `i` belonging to the sequence in `caches[seq[i]]` at that cache's next
@@ -929,13 +1006,14 @@ impl Model {
         seq: &[usize],
         caches: &mut [&mut KvCache],
         out_rows: &[usize],
+        groups: &[RowGroup],
         mut observer: Option<&mut (dyn ForwardObserver + Send)>,
     ) -> Result<Vec<f32>> {
         // The whole step runs on a pool worker: every layer's parallel loop then starts from inside the
         // pool (work-stealing, no sleep) instead of handing work from an outside thread and sleeping until
         // it is done, once per linear layer (about 200 times per token).
         if rayon::current_thread_index().is_none() {
-            return rayon::scope(|_| self.forward_rows(tokens, seq, caches, out_rows, observer));
+            return rayon::scope(|_| self.forward_rows(tokens, seq, caches, out_rows, groups, observer));
         }
         let cfg = &self.cfg;
         let m = tokens.len();
@@ -992,7 +1070,7 @@ impl Model {
                 rms_norm(&x[i * h..(i + 1) * h], &layer.attn_norm, cfg.rms_norm_eps, &mut normed[i * h..(i + 1) * h]);
             }
             observe(&mut observer, li, LinearSlot::Qkv, &normed, m);
-            layer.qkv.forward(&normed, m, &mut qkv)?;
+            run_linear(&layer.qkv, &normed, groups, &mut qkv)?;
             for i in 0..m {
                 let row = &mut qkv[i * qkv_n..(i + 1) * qkv_n];
                 let (cache, p) = (&mut *caches[seq[i]], pos[i]);
@@ -1014,7 +1092,7 @@ impl Model {
             let caches_now: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
             attention(&ops, shape, &qkv, seq, &pos, &caches_now, li, &mut attn);
             observe(&mut observer, li, LinearSlot::O, &attn, m);
-            layer.o.forward(&attn, m, &mut proj)?;
+            run_linear(&layer.o, &attn, groups, &mut proj)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }
@@ -1022,7 +1100,7 @@ impl Model {
                 rms_norm(&x[i * h..(i + 1) * h], &layer.mlp_norm, cfg.rms_norm_eps, &mut normed[i * h..(i + 1) * h]);
             }
             observe(&mut observer, li, LinearSlot::GateUp, &normed, m);
-            layer.gate_up.forward(&normed, m, &mut gu)?;
+            run_linear(&layer.gate_up, &normed, groups, &mut gu)?;
             // SiLU(gate)·up, rows in parallel for a long prompt.
             let silu = |(a, gu): (&mut [f32], &[f32])| {
                 let (g, u) = gu.split_at(inter);
@@ -1034,7 +1112,7 @@ impl Model {
                 act.chunks_mut(inter).zip(gu.chunks(2 * inter)).for_each(silu);
             }
             observe(&mut observer, li, LinearSlot::Down, &act, m);
-            layer.down.forward(&act, m, &mut proj)?;
+            run_linear(&layer.down, &act, groups, &mut proj)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }
@@ -1061,7 +1139,10 @@ impl Model {
             rms_norm(&x[i * h..(i + 1) * h], &self.norm, cfg.rms_norm_eps, &mut hn[j * h..(j + 1) * h]);
         }
         let mut logits = vec![0.0f32; rows.len() * cfg.vocab_size];
-        self.head.forward(&hn, rows.len(), &mut logits)?;
+        // The head's rows: every row of a prompt (for evaluation) in one call, as the prompt's own layers
+        // ran; otherwise one row per sequence, each as its sequence's last row alone would run.
+        let decode = groups.iter().all(|g| g.decode) || rows.len() < m;
+        run_linear(&self.head, &hn, &[RowGroup { start: 0, len: rows.len(), decode }], &mut logits)?;
         Ok(logits)
     }
 }

@@ -331,3 +331,59 @@ fn sharded_checkpoints_read_each_tensor_from_its_named_shard() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// One step of many sequences — decode rows beside prompt chunks, seventeen decode rows at once (past the
+/// W4A16 prefill threshold of 16) — gives every sequence the logits it gets alone, bit for bit, on every
+/// path: a row's kernel follows its role, not the size of the step.
+#[test]
+fn a_step_gives_every_sequence_the_logits_it_gets_alone() {
+    use int4::{Engine, LoadOptions, RunPath, StepEntry};
+    let dir = tiny_model("step");
+    let prompts: Vec<Vec<u32>> = (0..17u32).map(|i| (0..=i).map(|j| (7 * i + 3 * j + 1) % 90 + 2).collect()).collect();
+    let decode = [5u32, 6, 7];
+    let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for path in [RunPath::W4a16, RunPath::Wna16, RunPath::W4a8, RunPath::Bf16, RunPath::F32] {
+        let e = Engine::load(&dir, &LoadOptions { path, context: 64, cache: None, ..LoadOptions::default() }).unwrap();
+        let m = &e.model;
+        // Alone: the prompt, then three decode tokens.
+        let alone: Vec<Vec<Vec<u32>>> = prompts
+            .iter()
+            .map(|p| {
+                let mut c = e.new_cache().unwrap();
+                let mut out = vec![bits(&m.forward(p, &mut c, false).unwrap())];
+                for &t in &decode {
+                    out.push(bits(&m.forward(&[t], &mut c, false).unwrap()));
+                }
+                out
+            })
+            .collect();
+        // Together: the first nine prompts; then their first decode token beside the other eight prompts;
+        // then every sequence's next tokens, seventeen decode rows at once.
+        let mut caches: Vec<_> = (0..prompts.len()).map(|_| e.new_cache().unwrap()).collect();
+        let vocab = m.config().vocab_size;
+        let mut got: Vec<Vec<Vec<u32>>> = vec![Vec::new(); prompts.len()];
+        let mut run = |which: Vec<(usize, Vec<u32>)>, caches: &mut Vec<int4::KvCache>| {
+            let mut rest: Vec<Option<&mut int4::KvCache>> = caches.iter_mut().map(Some).collect();
+            let mut entries: Vec<StepEntry> =
+                which.iter().map(|(i, t)| StepEntry { tokens: t, cache: rest[*i].take().unwrap() }).collect();
+            let logits = m.step(&mut entries).unwrap();
+            for (j, (i, _)) in which.iter().enumerate() {
+                got[*i].push(bits(&logits[j * vocab..(j + 1) * vocab]));
+            }
+        };
+        run((0..9).map(|i| (i, prompts[i].clone())).collect(), &mut caches);
+        run(
+            (9..17).map(|i| (i, prompts[i].clone())).chain((0..9).map(|i| (i, vec![decode[0]]))).collect(),
+            &mut caches,
+        );
+        run((9..17).map(|i| (i, vec![decode[0]])).chain((0..9).map(|i| (i, vec![decode[1]]))).collect(), &mut caches);
+        run((0..17).map(|i| (i, vec![decode[if i < 9 { 2 } else { 1 }]])).collect(), &mut caches);
+        run((9..17).map(|i| (i, vec![decode[2]])).collect(), &mut caches);
+        for i in 0..prompts.len() {
+            assert_eq!(got[i].len(), 4, "{path:?} sequence {i}");
+            for (k, (a, b)) in got[i].iter().zip(&alone[i]).enumerate() {
+                assert!(a == b, "{path:?} sequence {i} (prompt of {}), step {k}: logits differ", prompts[i].len());
+            }
+        }
+    }
+}
