@@ -60,7 +60,8 @@ pub const ALLOWED_DEPENDENCIES: &[(&str, &[&str])] = &[
             "int4",
         ],
     ),
-    ("int4-cli", &["int4", "int4-quant"]),
+    ("int4-serve", &["int4"]),
+    ("int4-cli", &["int4", "int4-quant", "int4-serve"]),
     ("xtask", &["int4"]),
     ("int4-benches", &["int4-layout", "int4-kernels", "int4-select", "int4-cache", "int4", "int4-quant"]),
     // Shared by the integration tests (a dev-dependency only), so it sits beside the crates it serves.

@@ -62,6 +62,38 @@ enum Command {
     /// Fidelity of a path against an exact reference, teacher-forced over a text: perplexity and top-1
     /// accuracy of both, top-1 agreement and mean KL(ref ‖ path).
     Eval(EvalArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+    /// /v1/models, /health, /metrics), running requests together with continuous batching.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// The model: a Hugging Face directory, a .gguf file (or a directory holding one), or a repo id in the
+    /// Hugging Face cache (org/name, org/name@revision, org/name:Q4_0).
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    model: String,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed on start).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model's name in the API (default: MODEL as given).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Bytes of KV cache the running requests may hold together (default: 4 GiB, or a third of the
+    /// memory available if less); each request reserves its prompt plus max_tokens.
+    #[arg(long)]
+    kv_budget: Option<u64>,
+    /// Requests that may wait for admission; beyond, 429 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Seconds a shutdown (SIGTERM, SIGINT) waits for running requests before ending them.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout: u64,
 }
 
 #[derive(clap::Args)]
@@ -422,6 +454,7 @@ fn main() -> ExitCode {
         },
         Command::Generate(a) => report("generate", generate(a)),
         Command::Chat(a) => report("chat", chat(a)),
+        Command::Serve(a) => report("serve", serve(a)),
         Command::Info(a) => report("info", info(a)),
         Command::Quantize(a) => report("quantize", quantize(a)),
         Command::Eval(a) => report("eval", eval(a)),
@@ -699,6 +732,30 @@ fn fit_conversation(
         messages.drain(keep..keep + n);
         dropped += n;
     }
+}
+
+fn serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut opts = int4_serve::ServeOptions::new(a.served_model_name.clone().unwrap_or_else(|| a.model.clone()));
+    opts.host = a.host.clone();
+    opts.port = a.port;
+    if let Some(b) = a.kv_budget {
+        if b == 0 {
+            return Err("--kv-budget 0: give a number of bytes".into());
+        }
+        opts.kv_budget = usize::try_from(b).unwrap_or(usize::MAX);
+    }
+    if a.max_queue == 0 {
+        return Err("--max-queue 0: give at least 1".into());
+    }
+    opts.max_queue = a.max_queue;
+    opts.shutdown_timeout = std::time::Duration::from_secs(a.shutdown_timeout);
+    // Sequences get caches of their own size; the engine's session context is not used.
+    let engine = load_engine(&a.model, &a.run, 16)?;
+    errln!("[int4] load {:.2} s ({}); path {}", engine.load_time.as_secs_f64(), packed_from(&engine), engine.plan.path);
+    int4_serve::serve(engine, opts, |addr| {
+        errln!("[int4] serving {} on http://{addr}/v1", a.served_model_name.as_deref().unwrap_or(&a.model));
+    })?;
+    Ok(())
 }
 
 fn rss_anon_mib() -> Option<f64> {

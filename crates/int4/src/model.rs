@@ -781,6 +781,12 @@ impl Model {
         self.numerics
     }
 
+    /// The bytes a KV cache of `positions` positions takes.
+    pub fn kv_cache_bytes(&self, positions: usize) -> usize {
+        let width = self.cfg.num_kv_heads * self.cfg.head_dim;
+        [self.cfg.num_layers, positions, width, 4].iter().fold(2usize, |acc, &x| acc.saturating_mul(x))
+    }
+
     /// A KV cache for `context` positions (not the model's maximum): fails with a clear error before
     /// allocating if that would not fit in `max_bytes`.
     pub fn kv_cache(&self, context: usize, max_bytes: usize) -> Result<KvCache> {

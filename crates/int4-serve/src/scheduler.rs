@@ -1,0 +1,289 @@
+//! The scheduler: one thread that owns the model and runs every request's sequence in steps.
+//!
+//! Requests arrive as [`Job`]s (token ids already, from the HTTP side) on a channel. A job waits in a
+//! bounded queue until its KV cache — prompt plus `max_tokens` positions, allocated exactly — fits the
+//! memory budget beside the running ones; then it runs. Each step runs, through [`Model::step`], one
+//! decode row for every sequence that is generating and, for sequences still reading their prompt,
+//! prompt chunks of [`PREFILL_CHUNK`] positions (cut at the same boundaries [`int4::Engine::generate`]
+//! cuts them) up to that many positions per step, so running streams keep flowing while a long prompt is
+//! read. Every row runs the kernels it would alone, so a request's output is the same bytes alone or
+//! beside others. Each sampled token goes back to its request as an [`Update`]; a request whose receiver
+//! is gone (the client left) is dropped before the next step, its cache freed.
+//!
+//! On shutdown the scheduler stops admitting, lets the running and queued sequences finish until the
+//! deadline, then ends the rest with an error update.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use int4::{Engine, FinishReason, GenerationRequest, KvCache, Sequence, StepEntry, TokenEvent, Usage};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::metrics::Metrics;
+
+/// Prompt positions a step reads at most (and the chunk a prompt is cut into).
+pub const PREFILL_CHUNK: usize = 256;
+
+/// One sequence to run: its request (prompt as ids) and where its updates go.
+#[derive(Debug)]
+pub struct Job {
+    /// The request.
+    pub request: GenerationRequest,
+    /// The prompt's length (the request's ids).
+    pub prompt_len: usize,
+    /// The positions its cache needs: prompt plus the token budget.
+    pub positions: usize,
+    /// Where its updates go; dropped by the HTTP side when the client leaves.
+    pub updates: UnboundedSender<Update>,
+    /// When the HTTP side received it.
+    pub received: Instant,
+}
+
+/// What a sequence tells its request.
+#[derive(Debug)]
+pub enum Update {
+    /// A generated token (its event carries the finish reason on the last one).
+    Token(TokenEvent),
+    /// It finished, with its token counts (after its last token, or alone when cancelled).
+    Done(FinishReason, Usage),
+    /// It could not run or was ended by shutdown.
+    Failed(String),
+}
+
+/// What the HTTP side sends.
+#[derive(Debug)]
+pub enum Command {
+    /// Run a job.
+    Run(Box<Job>),
+    /// Stop admitting; finish what runs until `deadline`, then end the rest.
+    Shutdown(Instant),
+}
+
+/// The state the HTTP side reads.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// Jobs waiting for admission (and in the channel).
+    pub queued: AtomicUsize,
+    /// Set once shutdown began.
+    pub draining: AtomicBool,
+    /// Set when the scheduler has ended (every sequence finished or ended).
+    pub stopped: AtomicBool,
+}
+
+/// The scheduler's limits.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Bytes of KV cache all running sequences may hold together.
+    pub kv_budget: usize,
+}
+
+struct Running<'e> {
+    seq: Sequence<'e>,
+    cache: KvCache,
+    /// Prompt positions run so far.
+    read: usize,
+    /// The logits of the last position run, once the prompt is read.
+    next: Option<u32>,
+    updates: UnboundedSender<Update>,
+    received: Instant,
+    last_token: Option<Instant>,
+    bytes: usize,
+}
+
+/// Runs the scheduler on this thread until shutdown ends it or the channel closes.
+pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, metrics: Arc<Metrics>, limits: Limits) {
+    let model = &engine.model;
+    let mut waiting: VecDeque<Box<Job>> = VecDeque::new();
+    let mut running: Vec<Running<'_>> = Vec::new();
+    let mut deadline: Option<Instant> = None;
+    let mut open = true;
+    loop {
+        // Take what arrived: block only when nothing runs.
+        loop {
+            let cmd = if running.is_empty() && waiting.is_empty() && deadline.is_none() {
+                match commands.recv_timeout(Duration::from_millis(200)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        open = false;
+                        None
+                    }
+                }
+            } else {
+                commands.try_recv().ok()
+            };
+            match cmd {
+                Some(Command::Run(job)) => waiting.push_back(job),
+                Some(Command::Shutdown(at)) => {
+                    deadline = Some(at);
+                    shared.draining.store(true, Ordering::SeqCst);
+                }
+                None => break,
+            }
+        }
+        if let Some(at) = deadline
+            && Instant::now() >= at
+        {
+            for r in running.drain(..) {
+                let _ = r.updates.send(Update::Failed("the server shut down before this request finished".into()));
+            }
+            for j in waiting.drain(..) {
+                let _ = j.updates.send(Update::Failed("the server shut down before this request ran".into()));
+            }
+            shared.queued.store(0, Ordering::SeqCst);
+            break;
+        }
+        if deadline.is_some() && running.is_empty() && waiting.is_empty() {
+            break;
+        }
+        if !open && running.is_empty() && waiting.is_empty() {
+            break;
+        }
+        // Drop requests whose clients left.
+        running.retain(|r| !r.updates.is_closed());
+        waiting.retain(|j| {
+            let keep = !j.updates.is_closed();
+            if !keep {
+                shared.queued.fetch_sub(1, Ordering::SeqCst);
+            }
+            keep
+        });
+        // Admit in order while the budget holds.
+        let mut held: usize = running.iter().map(|r| r.bytes).sum();
+        while let Some(job) = waiting.front() {
+            let bytes = model.kv_cache_bytes(job.positions);
+            if !running.is_empty() && held + bytes > limits.kv_budget {
+                break;
+            }
+            let job = waiting.pop_front().expect("front exists");
+            shared.queued.fetch_sub(1, Ordering::SeqCst);
+            let cache = match model.kv_cache(job.positions, limits.kv_budget.max(bytes)) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = job.updates.send(Update::Failed(e.to_string()));
+                    continue;
+                }
+            };
+            match engine.prepare(job.request) {
+                Ok(seq) => {
+                    held += bytes;
+                    running.push(Running {
+                        seq,
+                        cache,
+                        read: 0,
+                        next: None,
+                        updates: job.updates,
+                        received: job.received,
+                        last_token: None,
+                        bytes,
+                    });
+                }
+                Err(e) => {
+                    let _ = job.updates.send(Update::Failed(e.to_string()));
+                }
+            }
+        }
+        metrics.set_running(running.len());
+        metrics.set_queued(shared.queued.load(Ordering::SeqCst));
+        if running.is_empty() {
+            continue;
+        }
+        // The step: a decode row per generating sequence, prompt chunks up to PREFILL_CHUNK positions.
+        let mut budget = PREFILL_CHUNK;
+        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (running index, start, len) of prompt
+        let mut decode: Vec<usize> = Vec::new();
+        for (i, r) in running.iter().enumerate() {
+            if r.next.is_some() {
+                decode.push(i);
+            } else {
+                let len = r.seq.prompt().len();
+                // The chunk boundaries `Engine::generate` uses: every PREFILL_CHUNK positions from the start.
+                let chunk_end = ((r.read / PREFILL_CHUNK) + 1) * PREFILL_CHUNK;
+                // Whole chunks only; the first always fits, as the budget is one chunk.
+                let take = chunk_end.min(len) - r.read;
+                if take <= budget {
+                    plan.push((i, r.read, take));
+                    budget -= take;
+                }
+            }
+        }
+        let tokens: Vec<(usize, Vec<u32>)> = decode
+            .iter()
+            .map(|&i| (i, vec![running[i].next.expect("decoding")]))
+            .chain(plan.iter().map(|&(i, s, n)| (i, running[i].seq.prompt()[s..s + n].to_vec())))
+            .collect();
+        let t = Instant::now();
+        let result = {
+            let mut caches: Vec<Option<&mut KvCache>> = running.iter_mut().map(|r| Some(&mut r.cache)).collect();
+            let mut entries: Vec<StepEntry<'_>> = tokens
+                .iter()
+                .map(|(i, t)| StepEntry { tokens: t, cache: caches[*i].take().expect("one entry per sequence") })
+                .collect();
+            model.step(&mut entries)
+        };
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                for r in running.drain(..) {
+                    let _ = r.updates.send(Update::Failed(format!("the model step failed: {e}")));
+                }
+                continue;
+            }
+        };
+        let step_time = t.elapsed();
+        let vocab = model.config().vocab_size;
+        let mut finished: Vec<usize> = Vec::new();
+        for (j, (i, t)) in tokens.iter().enumerate() {
+            let r = &mut running[*i];
+            if r.next.is_none() {
+                r.read += t.len();
+                metrics.add_prompt_tokens(t.len());
+                if r.read < r.seq.prompt().len() {
+                    continue;
+                }
+            }
+            let mut l = logits[j * vocab..(j + 1) * vocab].to_vec();
+            let room = r.cache.len() < r.cache.capacity();
+            match r.seq.advance(&mut l, room) {
+                Ok(Some(event)) => {
+                    let now = Instant::now();
+                    match r.last_token {
+                        None => metrics.observe_ttft(now - r.received),
+                        Some(prev) => metrics.observe_itl(now - prev),
+                    }
+                    r.last_token = Some(now);
+                    metrics.add_generated_tokens(1);
+                    let done = event.finish.clone();
+                    r.next = Some(event.id);
+                    if r.updates.send(Update::Token(event)).is_err() {
+                        finished.push(*i);
+                        continue;
+                    }
+                    if let Some(reason) = done {
+                        let _ = r.updates.send(Update::Done(reason, r.seq.usage()));
+                        finished.push(*i);
+                    }
+                }
+                Ok(None) => {
+                    let reason = r.seq.finish().cloned().unwrap_or(FinishReason::Cancelled);
+                    let _ = r.updates.send(Update::Done(reason, r.seq.usage()));
+                    finished.push(*i);
+                }
+                Err(e) => {
+                    let _ = r.updates.send(Update::Failed(e.to_string()));
+                    finished.push(*i);
+                }
+            }
+        }
+        metrics.observe_step(step_time);
+        finished.sort_unstable();
+        for i in finished.into_iter().rev() {
+            running.swap_remove(i);
+        }
+        metrics.set_running(running.len());
+    }
+    shared.stopped.store(true, Ordering::SeqCst);
+}
