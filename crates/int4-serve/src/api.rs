@@ -182,7 +182,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, ApiError> {
             Some(-1 | 0) => Some(0),
             Some(k) if k > 0 => Some(k as usize),
             _ => {
-                return Err(ApiError::bad("top_k", format!("top_k = {v}: give a positive integer, or -1 or 0 for all")));
+                return Err(ApiError::bad(
+                    "top_k",
+                    format!("top_k = {v}: give a positive integer, or -1 or 0 for all"),
+                ));
             }
         },
     };
