@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use int4::template::Value as Ordered;
-use int4::{ChatOptions, Messages, SamplingOverrides};
+use int4::{ChatOptions, GenerationRequest, Messages, Prompt, SamplingOverrides};
 use serde_json::{Map, Value, json};
 
 /// An OpenAI-shaped error response.
@@ -91,18 +91,9 @@ pub struct Parsed {
     pub model: String,
     /// One prompt (chat) or several (completions given a list).
     pub prompts: Vec<PromptInput>,
-    /// Sampling values.
-    pub sampling: SamplingOverrides,
-    /// The token budget, if given.
-    pub max_tokens: Option<usize>,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Stop token ids (vLLM's extension).
-    pub stop_token_ids: Vec<u32>,
-    /// Log-probabilities: `Some(top)` when asked for.
-    pub logprobs: Option<usize>,
-    /// vLLM's `ignore_eos`.
-    pub ignore_eos: bool,
+    /// Everything else the generation takes, for each prompt (its `prompt` is set per prompt once
+    /// tokenized; `ignore_eos` and `stop_token_ids` are vLLM's extensions).
+    pub generation: GenerationRequest,
     /// Stream the answer.
     pub stream: bool,
     /// `stream_options.include_usage`.
@@ -240,19 +231,14 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, ApiError> {
         Endpoint::Chat => chat_fields(o, body)?,
         Endpoint::Completion => completion_fields(o)?,
     };
-    Ok(Parsed {
-        endpoint,
-        model,
-        prompts,
-        sampling,
-        max_tokens,
-        stop,
-        stop_token_ids,
-        logprobs,
-        ignore_eos,
-        stream,
-        include_usage,
-    })
+    let mut generation = GenerationRequest::new(Prompt::Ids(Vec::new()));
+    generation.sampling = sampling;
+    generation.max_tokens = max_tokens;
+    generation.stop = stop;
+    generation.stop_token_ids = stop_token_ids;
+    generation.logprobs = logprobs;
+    generation.ignore_eos = ignore_eos;
+    Ok(Parsed { endpoint, model, prompts, generation, stream, include_usage })
 }
 
 type Fields = (Vec<PromptInput>, Option<usize>, Option<usize>);

@@ -330,7 +330,7 @@ fn prepare(engine: &Engine, p: &Parsed, kv_budget: usize) -> Result<Vec<Prepared
                 ..ApiError::bad(param, format!("the prompt is {prompt_len} tokens; the model's context is {context}"))
             });
         }
-        let max_tokens = p.max_tokens.or(engine.defaults.max_tokens).unwrap_or(context - prompt_len);
+        let max_tokens = p.generation.max_tokens.or(engine.defaults.max_tokens).unwrap_or(context - prompt_len);
         if prompt_len + max_tokens > context {
             return Err(ApiError {
                 code: Some("context_length_exceeded"),
@@ -355,13 +355,8 @@ fn prepare(engine: &Engine, p: &Parsed, kv_budget: usize) -> Result<Vec<Prepared
                 )
             });
         }
-        let mut request = GenerationRequest::new(Prompt::Ids(ids));
-        request.sampling = p.sampling;
-        request.max_tokens = Some(max_tokens);
-        request.stop = p.stop.clone();
-        request.stop_token_ids = p.stop_token_ids.clone();
-        request.logprobs = p.logprobs;
-        request.ignore_eos = p.ignore_eos;
+        let request =
+            GenerationRequest { prompt: Prompt::Ids(ids), max_tokens: Some(max_tokens), ..p.generation.clone() };
         // Every value checked now, so a bad one is a 400 naming it, not a failed stream.
         engine.prepare(request.clone()).map_err(|e| {
             let param = match e.context() {
@@ -478,7 +473,7 @@ async fn collect(
         prompt_tokens: a.prompt_tokens + c.usage.prompt_tokens,
         completion_tokens: a.completion_tokens + c.usage.completion_tokens,
     });
-    let logprobs = reply.parsed.logprobs.is_some();
+    let logprobs = reply.parsed.generation.logprobs.is_some();
     let body = match reply.parsed.endpoint {
         Endpoint::Chat => {
             let c = &choices[0];
@@ -602,7 +597,7 @@ struct StreamState {
 impl StreamState {
     fn token(&mut self, i: usize, ev: TokenEvent) -> Option<Event> {
         let r = &self.reply;
-        let logprobs = r.parsed.logprobs.is_some();
+        let logprobs = r.parsed.generation.logprobs.is_some();
         if ev.text.is_empty() && !logprobs {
             return None;
         }

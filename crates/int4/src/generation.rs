@@ -304,6 +304,23 @@ impl Engine {
         self.generate_in(&mut cache, req, on_event)
     }
 
+    /// Runs `tokens` into `cache` in chunks of [`PREFILL_CHUNK`] positions and returns the last one's
+    /// logits; an error, before running anything, when they do not fit (`prompt_len`: the whole prompt's
+    /// length, for the message).
+    fn prefill_into(&self, cache: &mut KvCache, tokens: &[u32], prompt_len: usize) -> Result<Vec<f32>> {
+        if cache.len() + tokens.len() > cache.capacity() {
+            return Err(Error::input(
+                "prompt",
+                format!("{prompt_len} tokens do not fit the context ({} positions)", cache.capacity()),
+            ));
+        }
+        let mut logits = Vec::new();
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            logits = self.model.forward(chunk, cache, false)?;
+        }
+        Ok(logits)
+    }
+
     /// As [`Engine::generate`], continuing in `cache`: the positions it holds that begin the prompt are
     /// kept and only the rest is run (a chat keeps its cache across turns); anything after them is
     /// forgotten first.
@@ -320,17 +337,8 @@ impl Engine {
         cache.truncate(shared);
         let new = &prompt[shared..];
         let prefill_tokens = new.len();
-        if cache.len() + new.len() > cache.capacity() {
-            return Err(Error::input(
-                "prompt",
-                format!("{} tokens do not fit the context ({} positions)", prompt.len(), cache.capacity()),
-            ));
-        }
         let t = Instant::now();
-        let mut logits = Vec::new();
-        for chunk in new.chunks(PREFILL_CHUNK) {
-            logits = self.model.forward(chunk, cache, false)?;
-        }
+        let mut logits = self.prefill_into(cache, new, prompt.len())?;
         let prefill = t.elapsed();
         let first_logits = logits.clone();
         let t = Instant::now();
@@ -369,20 +377,9 @@ impl Engine {
         let mut logits = Vec::with_capacity(n);
         let mut prefill = Vec::with_capacity(n);
         for (seq, cache) in seqs.iter().zip(&mut caches) {
-            let prompt = seq.prompt();
-            if prompt.len() > cache.capacity() {
-                return Err(Error::input(
-                    "prompt",
-                    format!("{} tokens do not fit the context ({} positions)", prompt.len(), cache.capacity()),
-                ));
-            }
             let t = Instant::now();
-            let mut l = Vec::new();
-            for chunk in prompt.chunks(PREFILL_CHUNK) {
-                l = self.model.forward(chunk, cache, false)?;
-            }
+            logits.push(self.prefill_into(cache, seq.prompt(), seq.prompt().len())?);
             prefill.push(t.elapsed());
-            logits.push(l);
         }
         let first_logits = logits.clone();
         let vocab = self.model.config().vocab_size;
