@@ -2,7 +2,7 @@
 //!
 //! Requests arrive as [`Job`]s (token ids already, from the HTTP side) on a channel. A job waits in a
 //! bounded queue until its KV cache — prompt plus `max_tokens` positions, allocated exactly — fits the
-//! memory budget beside the running ones; then it runs. Each step runs, through [`Model::step`], one
+//! memory budget beside the running ones; then it runs. Each step runs, through [`int4::Model::step`], one
 //! decode row for every sequence that is generating and, for sequences still reading their prompt,
 //! prompt chunks of [`PREFILL_CHUNK`] positions (cut at the same boundaries [`int4::Engine::generate`]
 //! cuts them) up to that many positions per step, so running streams keep flowing while a long prompt is
