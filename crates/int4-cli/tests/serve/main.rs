@@ -124,8 +124,14 @@ fn default_model() -> Option<PathBuf> {
     int4_test_support::default_model_or_skip!("serve")
 }
 
-/// A virtualenv with the `openai` client, made once under the target directory.
+/// A virtualenv with the `openai` client, made once under the target directory (once per process: the
+/// tests that need it run in parallel).
 fn openai_python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(make_openai_venv).clone()
+}
+
+fn make_openai_venv() -> PathBuf {
     let venv = scratch().join("openai-venv");
     let python = venv.join("bin/python");
     let ok = |p: &Path| Command::new(p).args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
