@@ -40,6 +40,10 @@ pub const DEFAULT_DEQUANT_THRESHOLD: usize = 16;
 /// Decode processes this many activation rows per pass over the weights.
 const DECODE_ROWS: usize = 4;
 
+/// Rows per pass of [`W4A16Linear::decode_rows_exact`]'s AVX-512 kernels: three rows of eight accumulator
+/// registers each (a one-row pass's chains) leave eight of the 32 for the codes and the activations.
+pub const EXACT_ROWS: usize = 3;
+
 /// How a W4A16 layer chooses and feeds its kernels (the `cpu_int4` checkpoint keys of the same names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct W4A16Config {
@@ -443,20 +447,29 @@ impl W4A16Linear {
 
     /// Runs the decode kernel for any `m` (the threshold is not consulted).
     pub fn decode(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        self.decode_passes(x, m, out, DECODE_ROWS)
+        self.decode_passes(x, m, out, DECODE_ROWS, false)
     }
 
     /// The decode kernel for `m` rows, each row's result bit for bit what [`W4A16Linear::decode`] gives it
-    /// alone: one pass over the weights for all rows, each block of weights taken by every row in turn
-    /// (from cache after the first), a row at a time, so each row's sums run on the accumulator chains of
-    /// a one-row pass. ([`W4A16Linear::decode`] takes up to four rows per pass, each on fewer chains, so
-    /// its rows' sums round otherwise.)
+    /// alone: one pass over the weights for all rows, each row's sums on the accumulator chains of a
+    /// one-row pass. The AVX-512 kernels (bf16 and f32) unpack each block's codes once for up to
+    /// [`EXACT_ROWS`] rows, each row keeping its own chains; the AVX2 and portable ones take the block a
+    /// row at a time (from cache after the first). ([`W4A16Linear::decode`] takes up to four rows per
+    /// pass, each on fewer chains, so its rows' sums round otherwise.)
     pub fn decode_rows_exact(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        self.decode_passes(x, m, out, 1)
+        self.decode_passes(x, m, out, EXACT_ROWS, true)
     }
 
-    /// The decode kernel, `rows` activation rows per pass over a block of weights.
-    fn decode_passes(&self, x: &[f32], m: usize, out: &mut [f32], rows: usize) -> Result<(), KernelError> {
+    /// The decode kernel, up to `rows` activation rows per pass over a block of weights; with
+    /// `one_row_chains`, each row on the accumulator chains a one-row pass gives it.
+    fn decode_passes(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        rows: usize,
+        one_row_chains: bool,
+    ) -> Result<(), KernelError> {
         let w = &self.weights;
         let (n, k) = (w.n, w.k);
         if !self.has_rows(x, m, out)? {
@@ -471,18 +484,21 @@ impl W4A16Linear {
                 let (pairs, sums) = bf16_pairs_and_sums(x, m, k, g_len);
                 // The f32 kernel's group sums, unless the bf16 kernel takes every block (N a multiple of 64).
                 let xs = if n.is_multiple_of(64) { Vec::new() } else { portable::group_sums(x, m, k, g_len) };
-                self.decode_avx512(bt.avx512(), Some((bt, &pairs, &sums)), x, m, rows, &xs, &mut tiles);
+                let passes = Passes { rows, one_row_chains };
+                self.decode_avx512(bt.avx512(), Some((bt, &pairs, &sums)), x, m, passes, &xs, &mut tiles);
                 return self.finish(&tiles, m, out);
             }
             BoundKernel::W4a16DecodeAvx512(tok) => {
                 let xs = portable::group_sums(x, m, k, g_len);
-                self.decode_avx512(tok, None, x, m, rows, &xs, &mut tiles);
+                self.decode_avx512(tok, None, x, m, Passes { rows, one_row_chains }, &xs, &mut tiles);
                 return self.finish(&tiles, m, out);
             }
             BoundKernel::W4a16DecodeAvx2(tok) => InnerLoops::Avx2(tok),
             BoundKernel::W4a16DecodePortable => InnerLoops::Portable,
             other => return Err(wrong_family(other)),
         };
+        // The AVX2 and portable kernels have no row count whose chains per row are a one-row pass's.
+        let rows = if one_row_chains { 1 } else { rows };
         let xs = portable::group_sums(x, m, k, g_len);
         // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
         let min_lanes = (65536 / (16 * k)).max(1);
@@ -536,10 +552,11 @@ impl W4A16Linear {
         bf16: Option<(Avx512Bf16, &[u32], &[f32])>,
         x: &[f32],
         m: usize,
-        rows: usize,
+        passes: Passes,
         xs: &[f32],
         tiles: &mut [f32],
     ) {
+        let Passes { rows, one_row_chains } = passes;
         let w = &self.weights;
         let k = w.k;
         let g_len = w.group.len(k);
@@ -577,13 +594,14 @@ impl W4A16Linear {
                             bytes,
                             sz,
                             g_len,
-                            TileRows { tiles, m, r0, mr, width: 4 },
+                            TileRows { tiles, m, r0, mr, width: 4, one_row_chains },
                         );
                         i += 4;
                         continue;
                     }
-                    // Four side by side (only for few rows: four pairs of accumulators per row), two, or one.
-                    let width = if mr <= 2 && quad {
+                    // Four side by side (only for few rows: four pairs of accumulators per row, unless each
+                    // row keeps a one-row pass's chains, which takes four side by side), two, or one.
+                    let width = if (mr <= 2 || one_row_chains) && quad {
                         4
                     } else if i + 2 <= count && next_to(lg) {
                         2
@@ -596,7 +614,7 @@ impl W4A16Linear {
                     // Slots past `width` repeat the last lane group; the kernel never touches them.
                     let sz: [&[f32]; 4] = std::array::from_fn(|d| w.lane_sz(lg + d.min(width - 1)));
                     let tiles = &mut chunk[i * m * 16..(i + width) * m * 16];
-                    let rows = TileRows { tiles, m, r0, mr, width };
+                    let rows = TileRows { tiles, m, r0, mr, width, one_row_chains };
                     decode_avx512_checked(tok, xr, k, xsr, bytes, l.stride, sz, g_len, rows);
                     i += width;
                 }
@@ -848,13 +866,23 @@ fn decode_avx2_checked(
 }
 
 /// Rows `r0..r0 + mr` of `width` (1, 2 or 4) consecutive `[m][16]` lane-group tiles, back to back in
-/// `tiles`.
+/// `tiles`; with `one_row_chains`, each row's sums run on the accumulator chains a one-row call gives it
+/// (then `mr` is at most [`EXACT_ROWS`]).
 struct TileRows<'a> {
     tiles: &'a mut [f32],
     m: usize,
     r0: usize,
     mr: usize,
     width: usize,
+    one_row_chains: bool,
+}
+
+/// How a decode groups its rows: up to `rows` per pass over a block, and whether each row keeps the
+/// accumulator chains of a one-row pass.
+#[derive(Clone, Copy)]
+struct Passes {
+    rows: usize,
+    one_row_chains: bool,
 }
 
 /// Calls the AVX-512 decode for `rows` of `rows.width` side-by-side lane groups after checking every
@@ -874,8 +902,9 @@ fn decode_avx512_checked(
     rows: TileRows<'_>,
 ) {
     let groups = k.div_ceil(g_len);
-    let TileRows { tiles, m, r0, mr, width } = rows;
+    let TileRows { tiles, m, r0, mr, width, one_row_chains } = rows;
     assert!((1..=DECODE_ROWS).contains(&mr) && matches!(width, 1 | 2 | 4) && r0 + mr <= m);
+    assert!(!one_row_chains || mr <= EXACT_ROWS);
     assert!(x.len() >= (mr - 1) * k + k && xs.len() >= mr * groups);
     assert!(bytes.len() >= (k - 1) * stride + 8 * width);
     assert!(sz.iter().all(|p| p.len() >= groups * 32) && tiles.len() >= width * m * 16);
@@ -893,6 +922,22 @@ fn decode_avx512_checked(
         // kk·stride for kk < k; 32 floats per group of each lane group's parameters) and writes (mr rows of
         // 16 floats of each of the width tiles): C pairs = width / 2, or HALF for width 1.
         unsafe {
+            if one_row_chains {
+                // Every row on the chains of the one-row instance of its width: U = 2 for four lane
+                // groups, 4 for two or one.
+                match (mr, width) {
+                    (1, 4) => d::<1, 2, 2, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                    (2, 4) => d::<2, 2, 2, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                    (_, 4) => d::<3, 2, 2, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                    (1, 2) => d::<1, 4, 1, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                    (2, 2) => d::<2, 4, 1, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                    (_, 2) => d::<3, 4, 1, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                    (1, _) => d::<1, 4, 1, true>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                    (2, _) => d::<2, 4, 1, true>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                    (_, _) => d::<3, 4, 1, true>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                }
+                return;
+            }
             match (mr, width) {
                 (1, 4) => d::<1, 2, 2, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
                 (_, 4) => d::<2, 1, 2, false>(xp, k, xsp, bp, stride, s, k, g_len, t),
@@ -944,8 +989,9 @@ fn decode_block_bf16_checked(
     rows: TileRows<'_>,
 ) {
     let (groups, kp2) = (k.div_ceil(g_len), k.div_ceil(2));
-    let TileRows { tiles, m, r0, mr, width } = rows;
+    let TileRows { tiles, m, r0, mr, width, one_row_chains } = rows;
     assert!((1..=DECODE_ROWS).contains(&mr) && width == 4 && r0 + mr <= m);
+    assert!(!one_row_chains || mr <= EXACT_ROWS);
     assert!(g_len.is_multiple_of(2) || g_len == k);
     assert!(xb.len() >= mr * kp2 && xs.len() >= mr * groups && bytes.len() >= k * 32);
     assert!(sz.iter().all(|p| p.len() >= groups * 32) && tiles.len() >= 4 * m * 16);
@@ -958,14 +1004,16 @@ fn decode_block_bf16_checked(
         // SAFETY: the assert gives 4·m·16 floats of `tiles`, so each lane group's rows r0..r0 + mr (at
         // i·m·16 + r0·16, i < 4) are in range.
         let t: [*mut f32; 4] = std::array::from_fn(|i| unsafe { base.add(i * m * 16 + r0 * 16) });
-        // The row count picks the instance: two accumulator sets in flight for one or two rows, one for more.
+        // The row count picks the instance: two accumulator sets in flight for one or two rows, one for more
+        // (two for every row with `one_row_chains`, as one row alone has).
         macro_rules! by_rows {
             ($f:ident) => {
-                match mr {
-                    1 => $f::<1, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
-                    2 => $f::<2, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
-                    3 => $f::<3, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
-                    _ => $f::<4, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
+                match (mr, one_row_chains) {
+                    (1, _) => $f::<1, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    (2, _) => $f::<2, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    (_, true) => $f::<3, 2>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    (3, false) => $f::<3, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
+                    (_, false) => $f::<4, 1>(xp, kp2, xsp, bp, s, k, g_len, t),
                 }
             };
         }
