@@ -15,7 +15,7 @@
 //! * `x > EXP_MAX` (127.5·ln 2 ≈ 88.38): `+∞` (the true value overflows f32 above 88.72);
 //! * NaN: NaN. No finite or infinite input gives NaN.
 
-use crate::isa::{Avx2Fma, IsaCaps};
+use crate::isa::{Avx2Fma, Avx512, IsaCaps};
 
 /// Below this, [`VectorOps::exp`] returns 0: `ln(2⁻¹²⁶)`, where `eˣ` leaves f32's normal range.
 pub const EXP_MIN: f32 = -87.336_54;
@@ -63,6 +63,8 @@ pub fn exp_portable(x: f32) -> f32 {
 #[derive(Clone, Copy, Debug)]
 pub struct VectorOps {
     tok: Option<Avx2Fma>,
+    /// Where AVX-512 runs, the GEMM takes 16 columns per register (the same chains, so the same bits).
+    wide: Option<Avx512>,
 }
 
 impl Default for VectorOps {
@@ -79,12 +81,36 @@ impl VectorOps {
 
     /// The best implementation `caps` allows (tests use it to run the portable variant on an AVX2 CPU).
     pub fn with_caps(caps: &IsaCaps) -> Self {
-        VectorOps { tok: Avx2Fma::with_caps(caps) }
+        VectorOps { tok: Avx2Fma::with_caps(caps), wide: Avx512::with_caps(caps) }
     }
 
     /// Whether the AVX2 + FMA variant runs.
     pub fn is_avx2(&self) -> bool {
         self.tok.is_some()
+    }
+
+    /// `out[j] = self.dot(q, &keys[j·stride..j·stride + q.len()])` for every `j < out.len()`, each bit for
+    /// bit that dot product (attention's scores of one query against a run of cached keys). Panics if
+    /// `keys` is too short.
+    pub fn dots(&self, q: &[f32], keys: &[f32], stride: usize, out: &mut [f32]) {
+        let (len, n) = (q.len(), out.len());
+        if n == 0 {
+            return;
+        }
+        assert!((n - 1) * stride + len <= keys.len(), "dots: the keys are too short");
+        match self.tok {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX2 and FMA; the assert proves keys j < n readable for `len` floats at
+            // j·stride, `q` holds `len` and `out` `n`.
+            Some(_) => unsafe {
+                crate::x86_64::avx2::dots_f32(q.as_ptr(), keys.as_ptr(), stride, len, n, out.as_mut_ptr())
+            },
+            _ => {
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = self.dot(q, &keys[j * stride..j * stride + len]);
+                }
+            }
+        }
     }
 
     /// `Σ a[i]·b[i]` (panics if the lengths differ).
@@ -238,12 +264,21 @@ impl VectorOps {
         }
         assert!((m - 1) * a_row + (k - 1) * a_col < a.len(), "gemm: A is too short");
         assert!((k - 1) * ldb + n <= b.len(), "gemm: B is too short");
-        match self.tok {
+        match (self.tok, self.wide) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX-512 F, AVX2 and FMA; the asserts above prove every index the kernel
+            // touches (`i·a_row + p·a_col`, `p·ldb + j`, `i·ldc + j` for i < m, j < n, p < k) is in bounds,
+            // and `c` is a distinct mutable slice.
+            (_, Some(_)) => unsafe {
+                avx512::gemm(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves AVX2 and FMA; the asserts above prove every index the kernel touches
             // (`i·a_row + p·a_col`, `p·ldb + j`, `i·ldc + j` for i < m, j < n, p < k) is in bounds, and `c` is
             // a distinct mutable slice.
-            Some(_) => unsafe { avx2::gemm(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc) },
+            (Some(_), None) => unsafe {
+                avx2::gemm(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc)
+            },
             _ => {
                 for i in 0..m {
                     let row = &mut c[i * ldc..i * ldc + n];
@@ -481,7 +516,7 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows<const R: usize>(
+    pub(super) unsafe fn rows<const R: usize>(
         n: usize,
         k: usize,
         a: *const f32,
@@ -556,6 +591,133 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The AVX-512 GEMM: [`super::avx2`]'s with 16 columns per register. Each output is the same FMA chain
+    //! over `p` in order, so the results are bit for bit the AVX2 ones. Callers hold an
+    //! [`Avx512`](crate::isa::Avx512) token.
+
+    use std::arch::x86_64::*;
+
+    /// Rows `0..R` of A against columns `0..16W` of B.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `a[r·a_row + p·a_col]` readable for `r < R`, `p < k`; `b[p·ldb + j]`
+    /// readable and `c[r·ldc + j]` writable for `j < 16W`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize, const W: usize>(
+        k: usize,
+        a: *const f32,
+        a_row: usize,
+        a_col: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        for p in 0..k {
+            // SAFETY: p < k, so row p of B has 16W readable floats from `b` (caller contract).
+            let bv: [__m512; W] = std::array::from_fn(|w| unsafe { _mm512_loadu_ps(b.add(p * ldb + 16 * w)) });
+            for (r, row) in acc.iter_mut().enumerate() {
+                // SAFETY: r < R and p < k (caller contract).
+                let av = _mm512_set1_ps(unsafe { *a.add(r * a_row + p * a_col) });
+                for (w, v) in row.iter_mut().enumerate() {
+                    *v = _mm512_fmadd_ps(av, bv[w], *v);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (w, v) in row.iter().enumerate() {
+                // SAFETY: r < R, 16w + 16 <= 16W (caller contract).
+                unsafe { _mm512_storeu_ps(c.add(r * ldc + 16 * w), *v) };
+            }
+        }
+    }
+
+    /// Up to six rows of A against every column of B: tiles of 64, 32 and 16 columns, the rest on the
+    /// AVX2 rows (8 columns, then single ones).
+    ///
+    /// # Safety
+    /// As [`gemm`], for `R` rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows<const R: usize>(
+        n: usize,
+        k: usize,
+        a: *const f32,
+        a_row: usize,
+        a_col: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut j = 0;
+        while j + 64 <= n {
+            // SAFETY: columns j..j + 64 are within n (the caller's bounds cover every j < n).
+            unsafe { tile::<R, 4>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            j += 64;
+        }
+        if j + 32 <= n {
+            // SAFETY: columns j..j + 32 are within n.
+            unsafe { tile::<R, 2>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            j += 32;
+        }
+        if j + 16 <= n {
+            // SAFETY: columns j..j + 16 are within n.
+            unsafe { tile::<R, 1>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            j += 16;
+        }
+        if j < n {
+            // SAFETY: columns j..n are within the caller's bounds; AVX2 and FMA are enabled here.
+            unsafe { super::avx2::rows::<R>(n - j, k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+        }
+    }
+
+    /// `c[i·ldc + j] = Σ_p a[i·a_row + p·a_col]·b[p·ldb + j]`, six rows at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA; `m, n, k ≥ 1`; `a` readable at every
+    /// `i·a_row + p·a_col`, `b` at every `p·ldb + j` and `c` writable at every `i·ldc + j` (i < m, j < n,
+    /// p < k).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: *const f32,
+        a_row: usize,
+        a_col: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        while i < m {
+            let r = (m - i).min(6);
+            // SAFETY: rows i..i + r are within m; the offsets stay inside the caller's ranges.
+            unsafe {
+                let (a, c) = (a.add(i * a_row), c.add(i * ldc));
+                match r {
+                    6 => rows::<6>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    5 => rows::<5>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    4 => rows::<4>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    3 => rows::<3>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    2 => rows::<2>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                    _ => rows::<1>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                }
+            }
+            i += r;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,7 +725,7 @@ mod tests {
 
     #[test]
     fn dot_and_axpy_match_plain_loops_on_every_length() {
-        let ops = [VectorOps::new(), VectorOps { tok: None }];
+        let ops = [VectorOps::new(), VectorOps { tok: None, wide: None }];
         for len in [0usize, 1, 7, 8, 9, 31, 32, 33, 64, 100] {
             let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
             let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
@@ -576,6 +738,28 @@ mod tests {
                 op.axpy(0.5, &a, &mut y);
                 for i in 0..len {
                     assert!((y[i] - (b[i] + 0.5 * a[i])).abs() <= 2.0 * f32::EPSILON * (b[i].abs() + a[i].abs()));
+                }
+            }
+        }
+    }
+
+    /// `dots` gives every key the bits `dot` gives it, for head sizes with and without whole vectors and
+    /// tails, key counts around the eight-key blocks, and strides wider than the head.
+    #[test]
+    fn dots_are_bit_for_bit_dot_per_key() {
+        let ops = [VectorOps::new(), VectorOps { tok: None, wide: None }];
+        for len in [1usize, 7, 8, 13, 32, 64, 70, 128] {
+            for n in [0usize, 1, 7, 8, 9, 16, 23] {
+                let stride = len + 5;
+                let q: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+                let keys: Vec<f32> = (0..n * stride + len).map(|i| (i as f32 * 0.113).cos() * 1.7).collect();
+                for op in &ops {
+                    let mut out = vec![f32::NAN; n];
+                    op.dots(&q, &keys, stride, &mut out);
+                    for (j, o) in out.iter().enumerate() {
+                        let want = op.dot(&q, &keys[j * stride..j * stride + len]);
+                        assert_eq!(o.to_bits(), want.to_bits(), "len {len} n {n} key {j}");
+                    }
                 }
             }
         }

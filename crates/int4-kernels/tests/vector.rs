@@ -252,3 +252,27 @@ fn gemm_rejects_a_short_operand() {
     let mut c = vec![0.0; 4];
     ops.gemm((2, 2, 3), &[0.0; 6], 3, 1, &[0.0; 5], 2, &mut c, 2);
 }
+
+/// The AVX-512 GEMM (16 columns per register) gives the AVX2 one's bits: each output is the same FMA chain
+/// over `p`, whatever the register width. Shapes cover every column tile (64, 32, 16, 8) and single columns.
+#[test]
+fn gemm_gives_the_same_bits_at_every_vector_width() {
+    let vector: Vec<(VectorOps, &str)> = variants().into_iter().filter(|(ops, _)| ops.is_avx2()).collect();
+    for &(m, n, k) in &[(1, 64, 130), (5, 17, 64), (7, 125, 9), (13, 200, 64), (3, 64, 2500), (6, 121, 33)] {
+        let (a_row, a_col) = (1, m + 3);
+        let a: Vec<f32> = (0..(m + 3) * k).map(|i| ((i * 31 % 97) as f32 - 48.0) / 17.0).collect();
+        let ldb = n + 3;
+        let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 19 % 89) as f32 - 44.0) / 13.0).collect();
+        let results: Vec<Vec<u32>> = vector
+            .iter()
+            .map(|(ops, _)| {
+                let mut c = vec![f32::NAN; m * n];
+                ops.gemm((m, n, k), &a, a_row, a_col, &b, ldb, &mut c, n);
+                c.iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        for (r, (_, name)) in results.iter().zip(&vector).skip(1) {
+            assert!(r == &results[0], "{name} differs from {} on {m}×{n}×{k}", vector[0].1);
+        }
+    }
+}

@@ -288,9 +288,11 @@ pub struct StepEntry<'a> {
 /// and V are read once for all of them. Tasks run in parallel when the layer's work is large, and each task
 /// computes its rows alone, so results do not depend on the thread count.
 ///
-/// A block of [`ATTN_BLOCK_MIN_ROWS`] rows or more (prefill) transposes the head's keys once and computes
-/// scores as a GEMM (`S = Q·Kᵀ`), the softmax numerators with the vectorised `exp`, then `P·V` as a GEMM;
-/// shorter runs (decode) take one dot product per key and the same `P·V` GEMM over the group's heads.
+/// A run of [`ATTN_BLOCK_MIN_ROWS`] rows or more (prefill) has each KV head's keys transposed once, shared
+/// by its query blocks, which compute scores as a GEMM (`S = Q·Kᵀ`), the softmax numerators with the
+/// vectorised `exp`, then `P·V` as a GEMM; shorter runs (decode) take a dot product per key and query head
+/// (eight keys' horizontal sums at a time, [`VectorOps::dots`]) and the same `P·V` GEMM over the group's
+/// heads.
 ///
 /// Error budget (u = 2⁻²⁴; against exact arithmetic on the same q, K, V): a score is one FMA chain of `hd`
 /// terms (`hd·u·Σ|q·k|`, as the dot product before); `exp((s − max)·scale)` adds two roundings of the
@@ -313,7 +315,9 @@ fn attention(
     let AttnShape { hd, nh, nkv, .. } = shape;
     let m = seq.len();
     let group = nh / nkv;
-    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    // Tasks (first row, rows, KV head, run), and runs (first row, keys its last row sees).
+    let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
     let mut i = 0;
     while i < m {
         // A sequence's consecutive rows, in query blocks of 64 for a long run, smaller for a short one so
@@ -323,24 +327,47 @@ fn attention(
             run += 1;
         }
         let qb = ((run - i) / 8).clamp(16, 64);
+        let run_id = runs.len();
+        runs.push((i, if run - i >= ATTN_BLOCK_MIN_ROWS { pos[run - 1] + 1 } else { 0 }));
         while i < run {
             let j = (i + qb).min(run);
-            tasks.extend((0..nkv).map(|kvh| (i, j - i, kvh)));
+            tasks.extend((0..nkv).map(|kvh| (i, j - i, kvh, run_id)));
             i = j;
         }
     }
-    let flops: usize = tasks.iter().map(|&(i0, r, _)| 4 * r * (pos[i0 + r - 1] + 1) * group * hd).sum();
-    let run = |&(i0, r, kvh): &(usize, usize, usize)| -> Vec<f32> {
-        let cache = caches[seq[i0]];
-        attend_block(ops, shape, qkv, (&cache.k[li], &cache.v[li]), kvh, i0, r, pos[i0])
+    let flops: usize = tasks.iter().map(|&(i0, r, ..)| 4 * r * (pos[i0 + r - 1] + 1) * group * hd).sum();
+    let parallel = flops >= ATTN_PARALLEL_FLOPS;
+    // Each prefill run's keys, transposed once per KV head (`[hd][ld]`, ld the run's keys rounded up to
+    // whole vectors) for all its query blocks; empty for decode runs.
+    let transpose = |x: usize| -> Vec<f32> {
+        let ((first, keys), kvh) = (runs[x / nkv], x % nkv);
+        if keys == 0 {
+            return Vec::new();
+        }
+        let (kc, kw, ld) = (&caches[seq[first]].k[li], nkv * hd, keys.next_multiple_of(8));
+        let mut kt = vec![0.0f32; hd * ld];
+        for j in 0..keys {
+            for (d, &v) in kc[j * kw + kvh * hd..j * kw + (kvh + 1) * hd].iter().enumerate() {
+                kt[d * ld + j] = v;
+            }
+        }
+        kt
     };
-    let outs: Vec<Vec<f32>> = if flops >= ATTN_PARALLEL_FLOPS {
-        tasks.par_iter().map(run).collect()
+    let kts: Vec<Vec<f32>> = if parallel {
+        (0..runs.len() * nkv).into_par_iter().map(transpose).collect()
     } else {
-        tasks.iter().map(run).collect()
+        (0..runs.len() * nkv).map(transpose).collect()
     };
+    let run = |&(i0, r, kvh, run_id): &(usize, usize, usize, usize)| -> Vec<f32> {
+        let cache = caches[seq[i0]];
+        let kt = &kts[run_id * nkv + kvh];
+        let keys_t = (kt.as_slice(), runs[run_id].1.next_multiple_of(8));
+        attend_block(ops, shape, qkv, (&cache.k[li], &cache.v[li]), keys_t, kvh, i0, r, pos[i0])
+    };
+    let outs: Vec<Vec<f32>> =
+        if parallel { tasks.par_iter().map(run).collect() } else { tasks.iter().map(run).collect() };
     let gw = group * hd;
-    for (&(i0, r, kvh), out) in tasks.iter().zip(&outs) {
+    for (&(i0, r, kvh, _), out) in tasks.iter().zip(&outs) {
         for t in 0..r {
             let dst = (i0 + t) * nh * hd + kvh * gw;
             attn[dst..dst + gw].copy_from_slice(&out[t * gw..(t + 1) * gw]);
@@ -349,13 +376,15 @@ fn attention(
 }
 
 /// One attention task: rows `i0..i0 + r` (positions `p0..p0 + r`) and the query heads of KV head `kvh`.
-/// Returns `[r][group·hd]`.
+/// `(kt, ld)` are the head's keys transposed (`[hd][ld]`, at least `p0 + r` keys) when `r` reaches
+/// [`ATTN_BLOCK_MIN_ROWS`]. Returns `[r][group·hd]`.
 #[allow(clippy::too_many_arguments)]
 fn attend_block(
     ops: &VectorOps,
     shape: AttnShape,
     qkv: &[f32],
     (kc, vc): (&[f32], &[f32]),
+    (kt, kt_ld): (&[f32], usize),
     kvh: usize,
     i0: usize,
     r: usize,
@@ -369,18 +398,11 @@ fn attend_block(
     let mut out = vec![0.0f32; r * gw];
     let mut inv = vec![0.0f32; r.max(group)];
     if r >= ATTN_BLOCK_MIN_ROWS {
-        // Kᵀ of this head, [hd][ld], padded to whole vectors.
         let ld = nk.next_multiple_of(8);
-        let mut kt = vec![0.0f32; hd * ld];
-        for j in 0..nk {
-            for (d, &v) in kc[j * kw + koff..j * kw + koff + hd].iter().enumerate() {
-                kt[d * ld + j] = v;
-            }
-        }
         let mut s = vec![0.0f32; r * ld];
         for g in 0..group {
             let h = kvh * group + g;
-            ops.gemm((r, nk, hd), &qkv[i0 * qkv_n + h * hd..], qkv_n, 1, &kt, ld, &mut s, ld);
+            ops.gemm((r, nk, hd), &qkv[i0 * qkv_n + h * hd..], qkv_n, 1, kt, kt_ld, &mut s, ld);
             for (t, w) in inv.iter_mut().enumerate().take(r) {
                 let row = &mut s[t * ld..t * ld + nk];
                 let len = p0 + t + 1;
@@ -401,9 +423,7 @@ fn attend_block(
                 let h = kvh * group + g;
                 let q = &qkv[(i0 + t) * qkv_n + h * hd..(i0 + t) * qkv_n + (h + 1) * hd];
                 let row = &mut s[g * len..(g + 1) * len];
-                for (j, sj) in row.iter_mut().enumerate() {
-                    *sj = ops.dot(q, &kc[j * kw + koff..j * kw + koff + hd]);
-                }
+                ops.dots(q, &kc[koff..], kw, row);
                 let max = ops.max(row);
                 *w = 1.0 / ops.softmax_exp(row, max, scale);
             }

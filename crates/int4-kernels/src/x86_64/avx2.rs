@@ -249,12 +249,14 @@ pub(crate) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// `Σ_i a[i]·b[i]` over `len` f32 pairs: four 8-lane FMA chains, combined in a fixed order, then the tail.
+/// The lanes of [`dot_f32`] before its horizontal sum: four 8-lane FMA chains over the whole vectors of
+/// `len`, the last partial vector's worth on the first chain, combined as `(c0 + c1) + (c2 + c3)`.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA; `a` and `b` readable for `len` floats.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_f32(a: *const f32, b: *const f32, len: usize) -> f32 {
+unsafe fn dot_lanes(a: *const f32, b: *const f32, len: usize) -> __m256 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= len {
@@ -269,13 +271,76 @@ pub unsafe fn dot_f32(a: *const f32, b: *const f32, len: usize) -> f32 {
         unsafe { acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc[0]) };
         i += 8;
     }
-    let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    while i < len {
+    _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))
+}
+
+/// `s + Σ a[i]·b[i]` over the scalar tail `i` in `len − len % 8 .. len`, one fused multiply-add each.
+///
+/// # Safety
+/// `a` and `b` readable for `len` floats.
+#[inline]
+unsafe fn dot_tail(a: *const f32, b: *const f32, len: usize, mut s: f32) -> f32 {
+    for i in len - len % 8..len {
         // SAFETY: i < len.
         unsafe { s = (*a.add(i)).mul_add(*b.add(i), s) };
-        i += 1;
     }
     s
+}
+
+/// `Σ_i a[i]·b[i]` over `len` f32 pairs: four 8-lane FMA chains, combined in a fixed order, then the tail.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `a` and `b` readable for `len` floats.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_f32(a: *const f32, b: *const f32, len: usize) -> f32 {
+    // SAFETY: the caller's contract is dot_lanes's and dot_tail's.
+    unsafe { dot_tail(a, b, len, hsum(dot_lanes(a, b, len))) }
+}
+
+/// The horizontal sums of eight vectors at once, each added in [`hsum`]'s order
+/// (`((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`), so each is bit for bit `hsum(v[t])`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum8(v: [__m256; 8]) -> [f32; 8] {
+    // Halves added: [v_t.lo + v_t.hi | v_t+1.lo + v_t+1.hi] for the pairs (0, 1), (2, 3), (4, 5), (6, 7).
+    let half = |x: __m256, y: __m256| {
+        _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(x, y), _mm256_permute2f128_ps::<0x31>(x, y))
+    };
+    let (s01, s23, s45, s67) = (half(v[0], v[1]), half(v[2], v[3]), half(v[4], v[5]), half(v[6], v[7]));
+    // (s0 + s2, s1 + s3) of each: [k0 | k1] and [k2 | k3] become [k0, k2 | k1, k3].
+    let pairs = |x: __m256, y: __m256| _mm256_add_ps(_mm256_shuffle_ps::<0x44>(x, y), _mm256_shuffle_ps::<0xEE>(x, y));
+    let (t0123, t4567) = (pairs(s01, s23), pairs(s45, s67));
+    // t0 + t1 of each: lanes hold keys 0, 2, 4, 6, 1, 3, 5, 7.
+    let sums = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(t0123, t4567), _mm256_shuffle_ps::<0xDD>(t0123, t4567));
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds eight floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+    [lanes[0], lanes[4], lanes[1], lanes[5], lanes[2], lanes[6], lanes[3], lanes[7]]
+}
+
+/// `out[j] = Σ_i q[i]·keys[j·stride + i]` over `len` floats for `j < n`: each bit for bit
+/// [`dot_f32`]`(q, keys + j·stride, len)`, with the horizontal sums taken eight keys at a time.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `q` readable for `len` floats, `keys` for `(n − 1)·stride + len`
+/// floats when `n > 0`, `out` writable for `n`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dots_f32(q: *const f32, keys: *const f32, stride: usize, len: usize, n: usize, out: *mut f32) {
+    let mut j = 0;
+    while j + 8 <= n {
+        // SAFETY: keys j..j + 8 lie within the n the caller made readable.
+        let v: [__m256; 8] = std::array::from_fn(|t| unsafe { dot_lanes(q, keys.add((j + t) * stride), len) });
+        for (t, s) in hsum8(v).into_iter().enumerate() {
+            // SAFETY: as above; out[j + t] is writable for j + t < n.
+            unsafe { *out.add(j + t) = dot_tail(q, keys.add((j + t) * stride), len, s) };
+        }
+        j += 8;
+    }
+    while j < n {
+        // SAFETY: key j < n is readable and out[j] writable.
+        unsafe { *out.add(j) = dot_f32(q, keys.add(j * stride), len) };
+        j += 1;
+    }
 }
 
 /// Widens eight bf16 (as `u16` bits) to f32.
