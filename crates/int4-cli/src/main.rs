@@ -94,6 +94,13 @@ struct ServeArgs {
     /// Seconds a shutdown (SIGTERM, SIGINT) waits for running requests before ending them.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
+    /// Seconds a client may take to send a request's headers, and again its body (then the connection
+    /// is closed, or the request answered 408).
+    #[arg(long, default_value_t = 10)]
+    request_read_timeout: u64,
+    /// Connections served at once (more wait until one closes).
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
 }
 
 #[derive(clap::Args)]
@@ -749,6 +756,11 @@ fn serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     opts.max_queue = a.max_queue;
     opts.shutdown_timeout = std::time::Duration::from_secs(a.shutdown_timeout);
+    if a.request_read_timeout == 0 || a.max_connections == 0 {
+        return Err("--request-read-timeout and --max-connections must be at least 1".into());
+    }
+    opts.request_read_timeout = std::time::Duration::from_secs(a.request_read_timeout);
+    opts.max_connections = a.max_connections;
     // Sequences get caches of their own size; the engine's session context is not used.
     let engine = load_engine(&a.model, &a.run, 16)?;
     errln!("[int4] load {:.2} s ({}); path {}", engine.load_time.as_secs_f64(), packed_from(&engine), engine.plan.path);

@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,6 +34,7 @@ use futures_util::StreamExt;
 use int4::{Engine, FinishReason, GenerationRequest, Prompt, TokenEvent, TokenLogprobs, Usage};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tower::ServiceExt;
 
 use crate::api::{ApiError, Endpoint, Parsed, PromptInput};
 use crate::metrics::{Metrics, Outcome};
@@ -56,11 +57,17 @@ pub struct ServeOptions {
     pub shutdown_timeout: Duration,
     /// The largest request body, in bytes.
     pub max_body_bytes: usize,
+    /// How long a client may take to send a request's headers, and then its body: a client that sends
+    /// slower is cut off (headers) or answered 408 (body), so slow clients cannot hold connections.
+    pub request_read_timeout: Duration,
+    /// Connections served at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
 }
 
 impl ServeOptions {
     /// The defaults for `model_name`: 127.0.0.1:8080, a KV budget of 4 GiB (or a third of the memory
-    /// available, if less), 256 queued requests, 30 s to shut down, 8 MiB bodies.
+    /// available, if less), 256 queued requests, 30 s to shut down, 8 MiB bodies, 10 s to send a request's
+    /// headers and 10 s its body, 1024 connections.
     pub fn new(model_name: impl Into<String>) -> Self {
         let available = available_memory().map_or(usize::MAX, |m| m / 3);
         ServeOptions {
@@ -71,6 +78,8 @@ impl ServeOptions {
             max_queue: 256,
             shutdown_timeout: Duration::from_secs(30),
             max_body_bytes: 8 << 20,
+            request_read_timeout: Duration::from_secs(10),
+            max_connections: 1024,
         }
     }
 }
@@ -147,7 +156,7 @@ pub fn serve(engine: Engine, opts: ServeOptions, on_listen: impl FnOnce(SocketAd
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/metrics", get(prometheus))
-            .layer(DefaultBodyLimit::max(opts.max_body_bytes))
+            .layer(DefaultBodyLimit::disable())
             .with_state(state.clone());
         let stop_state = state.clone();
         let stop = async move {
@@ -158,7 +167,7 @@ pub fn serve(engine: Engine, opts: ServeOptions, on_listen: impl FnOnce(SocketAd
                 let _ = c.send(Command::Shutdown(Instant::now() + timeout));
             }
         };
-        let server = axum::serve(listener, app).with_graceful_shutdown(stop);
+        let server = accept_loop(listener, app, opts.request_read_timeout, opts.max_connections, stop);
         // Past the deadline the scheduler has ended every stream; give the connections a moment to close.
         let watchdog = async {
             loop {
@@ -170,7 +179,7 @@ pub fn serve(engine: Engine, opts: ServeOptions, on_listen: impl FnOnce(SocketAd
             }
         };
         tokio::select! {
-            r = server => r.map_err(|e| ServeError(format!("the server failed: {e}"))),
+            () = server => Ok(()),
             () = watchdog => Ok(()),
         }
     });
@@ -179,6 +188,56 @@ pub fn serve(engine: Engine, opts: ServeOptions, on_listen: impl FnOnce(SocketAd
     runtime.shutdown_timeout(Duration::from_secs(1));
     let _ = scheduler.join();
     result
+}
+
+/// Serves `app` on every connection `listener` accepts, HTTP/1.1 with keep-alive, until `stop` completes;
+/// then stops accepting and lets open connections finish their requests (the scheduler's deadline ends
+/// the streams of a shutdown that runs out of time). A connection must send each request's headers
+/// within `header_timeout`; at most `max_connections` are served at once.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    header_timeout: Duration,
+    max_connections: usize,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            () = &mut stop => break,
+        };
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors or a connection reset before it was taken: wait and go on.
+                    eprintln!("[int4 serve] accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(
+            app.clone().map_request(|r: axum::http::Request<hyper::body::Incoming>| r.map(axum::body::Body::new)),
+        );
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 async fn shutdown_signal() {
@@ -213,12 +272,42 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-async fn chat_completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    handle(st, Endpoint::Chat, body).await
+async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(st, Endpoint::Chat, &headers, body).await
 }
 
-async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    handle(st, Endpoint::Completion, body).await
+async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    handle(st, Endpoint::Completion, &headers, body).await
+}
+
+/// The request's body, read within the server's read timeout and size limit: 408 or 413 otherwise (413
+/// before reading when the declared length is over the limit).
+async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = st.opts.max_body_bytes;
+    let timeout = st.opts.request_read_timeout;
+    let too_large = || ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        ..ApiError::bad_body(format!("the request body is larger than {limit} bytes"))
+    };
+    let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let over = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if over {
+                Err(too_large())
+            } else {
+                Err(ApiError::bad_body(format!("the request body could not be read: {e}")))
+            }
+        }
+        Err(_) => Err(ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            ..ApiError::bad_body(format!("the request body did not arrive within {} s", timeout.as_secs_f64()))
+        }),
+    }
 }
 
 /// One request's sequences, ready for the scheduler.
@@ -228,7 +317,14 @@ struct Prepared {
     positions: usize,
 }
 
-async fn handle(st: Arc<AppState>, endpoint: Endpoint, body: Bytes) -> Response {
+async fn handle(st: Arc<AppState>, endpoint: Endpoint, headers: &HeaderMap, body: Body) -> Response {
+    let body = match read_body(&st, headers, body).await {
+        Ok(b) => b,
+        Err(e) => {
+            st.metrics.count_request(Outcome::Rejected);
+            return e.into_response();
+        }
+    };
     match submit(&st, endpoint, &body).await {
         Ok(r) => r,
         Err(e) => {

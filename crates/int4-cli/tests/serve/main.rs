@@ -323,3 +323,70 @@ fn sigterm_lets_running_requests_finish_then_ends_the_rest_with_an_error() {
     assert!(!text.contains("[DONE]") && text.contains("\"error\""), "{}", &text[text.len().saturating_sub(300)..]);
     assert!(server.wait(Duration::from_secs(15)).success());
 }
+
+/// What a raw connection reads until the server closes it or `limit` passes; and how long that took.
+fn read_until_closed(stream: &mut std::net::TcpStream, limit: Duration) -> (String, Duration) {
+    let start = Instant::now();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                got.extend_from_slice(&buf[..n]);
+                // A complete response ends the wait even if the connection stays open.
+                if String::from_utf8_lossy(&got).contains("\r\n\r\n{") && got.ends_with(b"}") {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!(
+                "no answer and no close within {limit:?} ({e}); read so far: {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    (String::from_utf8_lossy(&got).into_owned(), start.elapsed())
+}
+
+#[test]
+fn slow_clients_are_cut_off_and_oversized_bodies_refused() {
+    use std::io::Write;
+    let tiny = int4_test_support::tiny_model("serve-slow");
+    let server = Server::start(&tiny, &["--request-read-timeout", "1", "--path", "f32"]);
+    let connect = || std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+
+    // Headers that never end: the connection is closed once the timeout passes.
+    let mut s = connect();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application").unwrap();
+    let (text, took) = read_until_closed(&mut s, Duration::from_secs(10));
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "closed after {took:?}: {text}");
+    assert!(!text.contains("200 OK"), "{text}");
+
+    // A body that stops short of its length: 408 once the timeout passes.
+    let mut s = connect();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\": \"m\"").unwrap();
+    let (text, took) = read_until_closed(&mut s, Duration::from_secs(10));
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "answered after {took:?}");
+
+    // A body declared larger than the limit: 413 before it is sent.
+    let mut s = connect();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 9000000\r\n\r\n").unwrap();
+    let (text, _) = read_until_closed(&mut s, Duration::from_secs(10));
+    assert!(text.starts_with("HTTP/1.1 413") && text.contains("larger than 8388608 bytes"), "{text}");
+
+    // A chunked body that grows past the limit: 413 once it does.
+    let mut s = connect();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n800001\r\n").unwrap();
+    // The server may answer and close before taking every byte.
+    let _ = s.write_all(&vec![b' '; (8 << 20) + 1]);
+    let (text, _) = read_until_closed(&mut s, Duration::from_secs(10));
+    assert!(text.starts_with("HTTP/1.1 413") && text.contains("larger than 8388608 bytes"), "{text}");
+
+    // The server still answers a well-behaved client.
+    let (status, body, _) =
+        server.post("/v1/completions", &json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2}));
+    assert_eq!(status, 200, "{body}");
+}
