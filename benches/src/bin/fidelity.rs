@@ -21,61 +21,31 @@
 //! the W4A16 and W4A8 paths (as stored, plus each kernel's rounding).
 
 use int4::{ChatOptions, Engine, HeadBits, LoadOptions, Messages, RunPath, argmax, top2_gap};
+use int4_benches::prompts::{BenchPrompt, NamedPrompt, prompt_set};
 use int4_layout::GroupSize;
 use int4_quant::eval::{Tally, score_position};
 use serde_json::json;
 
-const PLAIN: [&str; 9] = [
-    "The capital of Australia is",
-    "In 1969, the Apollo 11 mission",
-    "def fibonacci(n):\n    \"\"\"Return the nth Fibonacci number.\"\"\"\n",
-    "The three laws of thermodynamics state that",
-    "To make a proper espresso you need",
-    "The difference between TCP and UDP is",
-    "Photosynthesis converts",
-    "A binary search tree is a data structure that",
-    "The Treaty of Westphalia was signed in",
-];
-
 fn prompts(e: &Engine) -> Vec<(String, Vec<u32>)> {
-    let msg = |role: &str, content: String| (role.to_string(), content);
-    let inventory: Vec<String> =
-        (1..120).map(|i| format!("Item {i}: the code for warehouse district {i} is {}.", 1000 + i * 7)).collect();
-    let chats = [
-        ("chat_short", vec![msg("user", "What is the capital of France? Answer in one word.".into())]),
-        (
-            "chat_long",
-            vec![msg(
-                "user",
-                format!(
-                    "Here is an inventory listing.\n{}\nWhat is the code for warehouse district 73? Answer with just the number.",
-                    inventory.join(" ")
-                ),
-            )],
-        ),
-        (
-            // Upstream also passes a get_weather tool schema; this template rendering passes none.
-            "chat_tools",
-            vec![
-                msg("system", "You are a helpful assistant with tools.".into()),
-                msg("user", "What is the weather in Shenzhen right now, in celsius?".into()),
-            ],
-        ),
-    ];
-    let mut out = Vec::new();
-    for (name, turns) in chats {
-        let mut messages = Messages::new();
-        for (role, content) in &turns {
-            messages.push(role, content);
-        }
-        let text =
-            e.text.apply_chat_template(&messages, &ChatOptions::default()).expect("the model has a chat template");
-        out.push((name.to_string(), e.text.encode(&text).expect("encode")));
-    }
-    for (i, p) in PLAIN.iter().enumerate() {
-        out.push((format!("plain_{i}"), e.text.encode(p).expect("encode")));
-    }
-    out
+    prompt_set()
+        .into_iter()
+        .map(|NamedPrompt { name, prompt }| {
+            let text = match prompt {
+                BenchPrompt::Plain(p) => p.to_string(),
+                BenchPrompt::Chat(turns) => {
+                    let mut messages = Messages::new();
+                    for (role, content) in &turns {
+                        messages.push(role, content);
+                    }
+                    e.text
+                        .apply_chat_template(&messages, &ChatOptions::default())
+                        .expect("the model has a chat template")
+                }
+            };
+            let ids = e.text.encode(&text).expect("encode");
+            (name, ids)
+        })
+        .collect()
 }
 
 /// Greedy continuation: the tokens and the logits that chose each.
