@@ -5,10 +5,13 @@
 //! memory budget beside the running ones; then it runs. Each step runs, through [`int4::Model::step`], one
 //! decode row for every sequence that is generating and, for sequences still reading their prompt,
 //! prompt chunks of [`PREFILL_CHUNK`] positions (cut at the same boundaries [`int4::Engine::generate`]
-//! cuts them) up to that many positions per step, so running streams keep flowing while a long prompt is
-//! read. Every row runs the kernels it would alone, so a request's output is the same bytes alone or
-//! beside others. Each sampled token goes back to its request as an [`Update`]; a request whose receiver
-//! is gone (the client left) is dropped before the next step, its cache freed.
+//! cuts them), so running streams keep flowing while a long prompt is read. Prompt chunks are taken
+//! shortest first up to [`PREFILL_CHUNK`] positions a step, so a short prompt is not kept waiting behind a
+//! long one, and the longest-waiting prompt always gets its next chunk, so none waits forever: a step
+//! reads at most twice [`PREFILL_CHUNK`] prompt positions. Every row runs the kernels it would alone, so a
+//! request's output is the same bytes alone or beside others. Each sampled token goes back to its request
+//! as an [`Update`]; a request whose receiver is gone (the client left) is dropped before the next step,
+//! its cache freed.
 //!
 //! On shutdown the scheduler stops admitting, lets the running and queued sequences finish until the
 //! deadline, then ends the rest with an error update.
@@ -24,7 +27,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Metrics;
 
-/// Prompt positions a step reads at most (and the chunk a prompt is cut into).
+/// The chunk a prompt is cut into, and the prompt positions a step takes shortest first (beside the
+/// longest-waiting prompt's chunk).
 pub const PREFILL_CHUNK: usize = 256;
 
 /// One sequence to run: its request (prompt as ids) and where its updates go.
@@ -191,21 +195,30 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
         if running.is_empty() {
             continue;
         }
-        // The step: a decode row per generating sequence, prompt chunks up to PREFILL_CHUNK positions.
-        let mut budget = PREFILL_CHUNK;
-        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (running index, start, len) of prompt
+        // The step: a decode row per generating sequence; prompt chunks (whole ones, at the boundaries
+        // `Engine::generate` uses: every PREFILL_CHUNK positions from the start), the longest-waiting
+        // prompt's (sequences run in admission order) and then the others shortest first within
+        // PREFILL_CHUNK positions.
         let mut decode: Vec<usize> = Vec::new();
+        let mut chunks: Vec<(usize, usize, usize, usize)> = Vec::new(); // (index, start, len, prompt left)
         for (i, r) in running.iter().enumerate() {
             if r.next.is_some() {
                 decode.push(i);
             } else {
                 let len = r.seq.prompt().len();
-                // The chunk boundaries `Engine::generate` uses: every PREFILL_CHUNK positions from the start.
                 let chunk_end = ((r.read / PREFILL_CHUNK) + 1) * PREFILL_CHUNK;
-                // Whole chunks only; the first always fits, as the budget is one chunk.
-                let take = chunk_end.min(len) - r.read;
+                chunks.push((i, r.read, chunk_end.min(len) - r.read, len - r.read));
+            }
+        }
+        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (running index, start, len) of prompt
+        if let Some((&(i, start, take, _), rest)) = chunks.split_first() {
+            plan.push((i, start, take));
+            let mut rest = rest.to_vec();
+            rest.sort_by_key(|&(i, _, _, left)| (left, i));
+            let mut budget = PREFILL_CHUNK;
+            for (i, start, take, _) in rest {
                 if take <= budget {
-                    plan.push((i, r.read, take));
+                    plan.push((i, start, take));
                     budget -= take;
                 }
             }
@@ -280,8 +293,9 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
         }
         metrics.observe_step(step_time);
         finished.sort_unstable();
+        // `remove`, not `swap_remove`: `running` stays in admission order.
         for i in finished.into_iter().rev() {
-            running.swap_remove(i);
+            running.remove(i);
         }
         metrics.set_running(running.len());
     }

@@ -390,3 +390,37 @@ fn slow_clients_are_cut_off_and_oversized_bodies_refused() {
         server.post("/v1/completions", &json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2}));
     assert_eq!(status, 200, "{body}");
 }
+
+/// A short prompt that arrives while a long one is being read gets its first token before the long one
+/// does: prompt chunks are taken shortest first beside the longest-waiting prompt's, so a step never
+/// leaves a short prompt behind a long one's chunks.
+#[test]
+fn a_short_prompt_is_not_kept_waiting_behind_a_long_one() {
+    let Some(model) = default_model() else { return };
+    let server = Server::start(&model, &[]);
+    let first_event = |body: Value| {
+        let url = server.url("/v1/completions");
+        move || {
+            let mut r = ureq::post(&url).header("content-type", "application/json").send(body.to_string()).unwrap();
+            let mut reader = BufReader::new(r.body_mut().as_reader());
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 0 {
+                if line.starts_with("data: {") {
+                    return Instant::now();
+                }
+                line.clear();
+            }
+            panic!("no event");
+        }
+    };
+    // Nine whole chunks of 256 positions, a step each: taken in arrival order with one chunk's budget, the
+    // short prompt would wait for all nine and start a step after the long one.
+    let long: Vec<u32> = (0..2304u32).map(|i| 1000 + i % 5000).collect();
+    let long = json!({"model": MODEL, "prompt": long, "max_tokens": 2, "stream": true});
+    let short = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 2, "stream": true});
+    let long = std::thread::spawn(first_event(long));
+    std::thread::sleep(Duration::from_millis(50));
+    let short = std::thread::spawn(first_event(short));
+    let (long, short) = (long.join().unwrap(), short.join().unwrap());
+    assert!(short < long, "the short prompt's first token came {:?} after the long one's", short - long);
+}
