@@ -105,14 +105,13 @@ pub fn is_model(path: &std::path::Path) -> bool {
     path.join("config.json").exists() || int4::ModelDir::open(path).is_ok_and(|m| m.gguf().is_some())
 }
 
-/// The model directory a benchmark binary runs on: `--model DIR`, else the default model that
+/// The model directory a benchmark binary runs on: `given` (its `--model DIR`), else the default model that
 /// `cargo xtask fetch-model` prepares. With `synthetic`, `--model spark-shaped` (or `smollm2-shaped`) names
 /// a synthetic model, generated under `target/bench/models/` on first use with the default model's
 /// tokenizer. Exits with a message naming `tool` when there is no model.
 /// A model is one [`is_model`] accepts.
-pub fn model_dir_arg(args: &[String], tool: &str, synthetic: bool) -> std::path::PathBuf {
-    let given = args.iter().position(|a| a == "--model").and_then(|i| args.get(i + 1));
-    if let Some(shape) = given.and_then(|g| synthetic::shape_named(g)) {
+pub fn model_dir_arg(given: Option<&str>, tool: &str, synthetic: bool) -> std::path::PathBuf {
+    if let Some(shape) = given.and_then(synthetic::shape_named) {
         if !synthetic {
             eprintln!("{tool}: {} is a synthetic model (random weights); {tool} needs a real one", shape.name);
             std::process::exit(1);

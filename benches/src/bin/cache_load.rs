@@ -46,26 +46,40 @@ fn matrices(model: &ModelShape) -> Vec<(String, usize, usize)> {
     v
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Shape {
+    Smollm2Shaped,
+    SparkShaped,
+}
+
+#[derive(clap::Parser)]
+#[command(
+    name = "cache-load",
+    about = "Cold versus warm load of a model-shaped set of packed weights through the artifact cache"
+)]
+struct Args {
+    /// The model shape.
+    #[arg(long, value_enum, default_value_t = Shape::Smollm2Shaped)]
+    model: Shape,
+    /// The artifact store (default: target/bench/cache-<shape>).
+    #[arg(long)]
+    dir: Option<String>,
+    /// Internal: only the warm load, in this process.
+    #[arg(long, hide = true)]
+    warm_only: bool,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let model = match args.iter().position(|a| a == "--model").and_then(|i| args.get(i + 1)).map(String::as_str) {
-        Some("spark-shaped") => SPARK_SHAPED,
-        None | Some("smollm2-shaped") => SMOLLM2_135M,
-        Some(other) => {
-            eprintln!("unknown model {other} (smollm2-shaped, spark-shaped)");
-            std::process::exit(2);
-        }
+    let args = <Args as clap::Parser>::parse();
+    let model = match args.model {
+        Shape::SparkShaped => SPARK_SHAPED,
+        Shape::Smollm2Shaped => SMOLLM2_135M,
     };
-    let dir = args
-        .iter()
-        .position(|a| a == "--dir")
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| format!("target/bench/cache-{}", model.name));
+    let dir = args.dir.clone().unwrap_or_else(|| format!("target/bench/cache-{}", model.name));
     let store = ArtifactStore::new(&dir);
     let key = key_for(&model);
 
-    if args.iter().any(|a| a == "--warm-only") {
+    if args.warm_only {
         let before = rss_anon_and_file().unwrap_or((0, 0));
         let t = Instant::now();
         let Lookup::Hit(m) = store.load(&key) else {
@@ -115,7 +129,8 @@ fn main() {
     let write = t.elapsed().as_secs_f64();
     drop(m);
     drop(sections);
-    let out = std::process::Command::new(&args[0])
+    let exe = std::env::current_exe().expect("own path");
+    let out = std::process::Command::new(exe)
         .args(["--model", model.name, "--dir", &dir, "--warm-only"])
         .output()
         .expect("warm run");

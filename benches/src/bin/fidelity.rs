@@ -73,13 +73,32 @@ fn all_logits(e: &Engine, ids: &[u32]) -> Vec<Vec<f32>> {
     flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
 }
 
+#[derive(clap::Parser)]
+#[command(
+    name = "fidelity",
+    about = "Fidelity of each path against the f32 path on the 12 prompts of the committed set"
+)]
+struct Args {
+    /// The model (default: the one `cargo xtask fetch-model` prepares).
+    #[arg(long)]
+    model: Option<String>,
+    /// Take the reference from this directory's f32 path (to score a quantized export against its original).
+    #[arg(long = "ref")]
+    reference: Option<std::path::PathBuf>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<String>,
+    /// 4 prompts of 16 tokens.
+    #[arg(long)]
+    quick: bool,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let dir = int4_benches::model_dir_arg(&args, "fidelity", false);
+    let args = <Args as clap::Parser>::parse();
+    let quick = args.quick;
+    let dir = int4_benches::model_dir_arg(args.model.as_deref(), "fidelity", false);
     let new_tokens = if quick { 16 } else { 64 };
-    let ref_dir = arg("--ref").map(std::path::PathBuf::from);
+    let ref_dir = args.reference.clone();
     let load_from = |dir: &std::path::Path, path: RunPath, group: GroupSize, head_bits: HeadBits| {
         let opts = LoadOptions { path, group_size: group, context: 4096, head_bits, ..LoadOptions::default() };
         Engine::load(dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -167,7 +186,7 @@ fn main() {
             "teacher_forced_positions": positions, "teacher_forced_top1": top1, "mean_kl_nats": kl,
         }));
     }
-    if let Some(path) = arg("--json") {
+    if let Some(path) = args.json.clone() {
         let reference = ref_dir.as_ref().map_or_else(|| json!("f32"), |d| json!({"f32_of": d}));
         let doc = json!({"schema": "int4-fidelity/1", "model": dir, "reference": reference, "new_tokens": new_tokens, "rows": rows});
         if let Some(d) = std::path::Path::new(&path).parent() {

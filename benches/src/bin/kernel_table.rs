@@ -78,11 +78,25 @@ struct Row {
     prefill_kernel: &'static str,
 }
 
+#[derive(clap::Parser)]
+#[command(
+    name = "kernel-table",
+    about = "The kernels at the project's shapes beside the machine's bandwidth and FMA ceilings"
+)]
+struct Args {
+    /// Fewer shapes and rounds.
+    #[arg(long)]
+    quick: bool,
+    /// Write the results as JSON here.
+    #[arg(long = "json")]
+    json_path: Option<String>,
+    /// Only the decode-from-memory table.
+    #[arg(long)]
+    memory_only: bool,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let json_path = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
-    let memory_only = args.iter().any(|a| a == "--memory-only");
+    let Args { quick, json_path, memory_only } = <Args as clap::Parser>::parse();
     let rounds = if quick { 3 } else { 7 };
     let budget = Duration::from_millis(if quick { 15 } else { 60 });
     let m_prefill = 512;

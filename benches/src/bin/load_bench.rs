@@ -21,21 +21,40 @@ use int4_benches::{PeakRssAnon, rss_anon_and_file};
 
 const MODES: [&str; 3] = ["cold", "warm", "uncached"];
 
+#[derive(clap::Parser)]
+#[command(name = "load-bench", about = "Engine load time and memory: cold, warm and uncached, each in a fresh process")]
+struct Args {
+    /// The model (default: the one `cargo xtask fetch-model` prepares).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Interleaved rounds (cold, warm, uncached each).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<String>,
+    /// Internal: run one load in this process (cold, warm or uncached) and print its figures.
+    #[arg(long, hide = true)]
+    child: Option<String>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let model = arg("--model").map(PathBuf::from).or_else(int4::cache::dirs::default_model_dir).expect("a model dir");
+    let args = <Args as clap::Parser>::parse();
+    let Some(model) = args.model.clone().or_else(int4::cache::dirs::default_model_dir) else {
+        eprintln!("load-bench: no model directory: pass --model DIR, or set INT4_MODEL_DIR or HOME");
+        std::process::exit(1);
+    };
     if !int4_benches::is_model(&model) {
         eprintln!("load-bench: no model at {} (run `cargo xtask fetch-model`)", model.display());
         std::process::exit(1);
     }
     let name = model.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().to_string());
     let cache = PathBuf::from(format!("target/bench/load-cache-{name}"));
-    if let Some(mode) = arg("--child") {
-        child(&mode, &model, &cache);
+    if let Some(mode) = &args.child {
+        child(mode, &model, &cache);
         return;
     }
-    let rounds: usize = arg("--rounds").and_then(|r| r.parse().ok()).unwrap_or(3);
+    let rounds = args.rounds;
     let exe = std::env::current_exe().expect("own path");
     let mut results: Vec<Vec<serde_json::Value>> = vec![Vec::new(); MODES.len()];
     for round in 0..rounds {
@@ -73,7 +92,7 @@ fn main() {
             serde_json::json!({"mode": mode, "load_s": t, "rss_anon": anon, "peak_anon": peak, "rss_file": file}),
         );
     }
-    if let Some(path) = arg("--json") {
+    if let Some(path) = args.json.clone() {
         let doc = serde_json::json!({"model": name, "rounds": rounds, "artifact_bytes": artifact, "rows": rows});
         if let Some(parent) = Path::new(&path).parent() {
             let _ = std::fs::create_dir_all(parent);

@@ -10,20 +10,31 @@ use std::path::PathBuf;
 
 use int4_benches::synthetic::{shape_named, write_model};
 
+#[derive(clap::Parser)]
+#[command(
+    name = "make-model",
+    about = "Write a synthetic Llama checkpoint of a given shape (random weights, a donor's tokenizer)"
+)]
+struct Args {
+    /// The shape: spark-shaped or smollm2-shaped.
+    #[arg(long, default_value = "spark-shaped")]
+    shape: String,
+    /// Where to write it.
+    #[arg(long)]
+    out: PathBuf,
+    /// The donor model whose tokenizer files are copied (default: the default model).
+    #[arg(long)]
+    tokenizer_from: Option<PathBuf>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let name = arg("--shape").unwrap_or_else(|| "spark-shaped".into());
-    let Some(model) = shape_named(&name) else {
-        eprintln!("make-model: unknown shape {name} (spark-shaped, smollm2-shaped)");
+    let args = <Args as clap::Parser>::parse();
+    let Some(model) = shape_named(&args.shape) else {
+        eprintln!("make-model: unknown shape {} (spark-shaped, smollm2-shaped)", args.shape);
         std::process::exit(2);
     };
-    let Some(out) = arg("--out").map(PathBuf::from) else {
-        eprintln!("make-model: give --out DIR");
-        std::process::exit(2);
-    };
-    let donor = arg("--tokenizer-from").map(PathBuf::from).or_else(int4::cache::dirs::default_model_dir);
-    if let Err(e) = write_model(&model, &out, donor.as_deref()) {
+    let donor = args.tokenizer_from.clone().or_else(int4::cache::dirs::default_model_dir);
+    if let Err(e) = write_model(&model, &args.out, donor.as_deref()) {
         eprintln!("make-model: {e}");
         std::process::exit(1);
     }

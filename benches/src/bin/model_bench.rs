@@ -3,8 +3,9 @@
 //!
 //! * **pp** — a prompt of N token ids (`10, 11, …`) processed in one go, logits for the last token only
 //!   (as llama-bench does), at several prompt lengths (the prefill batch-size sweep; pp64 and pp512 among
-//!   them);
-//! * **tg** — N tokens decoded one at a time after a one-token prompt, greedy;
+//!   them): [`int4::speed::prompt_time`], as `int4 bench` times it;
+//! * **tg** — N tokens decoded one at a time after a one-token prompt, greedy
+//!   ([`int4::speed::generation_time`]);
 //! * **batched decode** — B sequences (4 and 16) decoded together, one token each per step
 //!   (`Model::forward_batch`): tokens per second summed over the sequences;
 //! * **decode GB/s** — the bytes one decode step reads (`Model::decode_bytes`) times tg tok/s, against a
@@ -151,11 +152,41 @@ fn fail(msg: impl std::fmt::Display) -> ! {
     std::process::exit(1);
 }
 
+#[derive(clap::Parser)]
+#[command(
+    name = "model-bench",
+    about = "Tokens per second, memory and load time of a model on every path, beside the streaming-read ceiling"
+)]
+struct Args {
+    /// Fewer paths, prompt lengths and repetitions (the CI smoke run).
+    #[arg(long)]
+    quick: bool,
+    /// A model directory or GGUF, or `spark-shaped` / `smollm2-shaped` (synthetic; default: the model
+    /// `cargo xtask fetch-model` prepares).
+    #[arg(long)]
+    model: Option<String>,
+    /// Paths, comma-separated: w4a16, w4a16-h8, w4a16-split, w4a8, w4a8-h8, wna16, bf16, f32 (default: all
+    /// of them; fewer with --quick or on the spark-shaped model).
+    #[arg(long)]
+    paths: Option<String>,
+    /// Measured repetitions after the warm-up.
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Group size an unquantized checkpoint is quantized to at load: 32, 64, 128 or 256.
+    #[arg(long, default_value_t = 128)]
+    group: i64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<String>,
+    /// Write the chart (SVG) here.
+    #[arg(long)]
+    svg: Option<String>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let dir = int4_benches::model_dir_arg(&args, "model-bench", true);
+    let args = <Args as clap::Parser>::parse();
+    let quick = args.quick;
+    let dir = int4_benches::model_dir_arg(args.model.as_deref(), "model-bench", true);
     let config = std::fs::read_to_string(dir.join("config.json")).unwrap_or_default();
     let synthetic =
         serde_json::from_str::<serde_json::Value>(&config).ok().and_then(|c| c["synthetic"].as_str().map(String::from));
@@ -167,7 +198,7 @@ fn main() {
         (false, true) => "w4a16,w4a16-split,w4a8,bf16",
         (false, false) => "w4a16,w4a16-h8,w4a16-split,w4a8,w4a8-h8,wna16,bf16,f32",
     };
-    let chosen = arg("--paths").unwrap_or_else(|| default_paths.into());
+    let chosen = args.paths.clone().unwrap_or_else(|| default_paths.into());
     let specs: Vec<PathSpec> = chosen
         .split(',')
         .map(|n| {
@@ -190,7 +221,7 @@ fn main() {
         plan.sweep = vec![64, 512];
         plan.batch_steps = 16;
     }
-    if let Some(r) = arg("--reps").and_then(|r| r.parse().ok()) {
+    if let Some(r) = args.reps {
         plan.reps = r;
     }
     let threads = rayon::current_num_threads();
@@ -206,14 +237,8 @@ fn main() {
     );
     let context = plan.pp.max(plan.tg + 1).max(plan.batch_steps + 1) + 8;
     // The group size an unquantized checkpoint is quantized to at load (128 unless `--group N`).
-    let group = match arg("--group") {
-        None => int4::layout::GroupSize::G128,
-        Some(g) => g
-            .parse::<i64>()
-            .map_err(|e| e.to_string())
-            .and_then(|n| int4::layout::GroupSize::from_checkpoint(n).map_err(|e| e.to_string()))
-            .unwrap_or_else(|e| fail(format!("--group {g}: {e}"))),
-    };
+    let group = int4::layout::GroupSize::from_checkpoint(args.group)
+        .unwrap_or_else(|e| fail(format!("--group {}: {e}", args.group)));
 
     let mut loaded: Vec<Loaded> = Vec::new();
     for spec in specs {
@@ -283,23 +308,14 @@ fn main() {
             let tg = if l.spec.light { plan.tg.min(32) } else { plan.tg };
             let batches = if l.spec.light { &[][..] } else { &plan.batches[..] };
             for (si, &n) in sweep.iter().enumerate() {
-                let prompt: Vec<u32> = (10..10 + n as u32).collect();
-                let mut cache = new_cache(e);
-                let t = Instant::now();
-                e.model.forward(&prompt, &mut cache, false).unwrap_or_else(|err| fail(err));
+                let took = int4::speed::prompt_time(e, n).unwrap_or_else(|err| fail(err));
                 if rep > 0 {
-                    l.pp[si].push(n as f64 / t.elapsed().as_secs_f64());
+                    l.pp[si].push(n as f64 / took.as_secs_f64());
                 }
             }
-            let mut cache = new_cache(e);
-            let mut logits = e.model.forward(&[10], &mut cache, false).unwrap_or_else(|err| fail(err));
-            let t = Instant::now();
-            for _ in 0..tg {
-                let next = argmax(&logits);
-                logits = e.model.forward(&[next], &mut cache, false).unwrap_or_else(|err| fail(err));
-            }
+            let took = int4::speed::generation_time(e, tg).unwrap_or_else(|err| fail(err));
             if rep > 0 {
-                l.tg.push(tg as f64 / t.elapsed().as_secs_f64());
+                l.tg.push(tg as f64 / took.as_secs_f64());
             }
             for (bi, &b) in batches.iter().enumerate() {
                 let mut caches: Vec<KvCache> = (0..b).map(|_| new_cache(e)).collect();
@@ -448,11 +464,11 @@ fn main() {
         "stream_read_gbs_mean": read_m, "stream_read_gbs_sd": read_sd, "stream_read_bytes": read_len,
         "rows": rows,
     });
-    if let Some(path) = arg("--json") {
-        write(&path, &serde_json::to_string_pretty(&doc).expect("json"));
+    if let Some(path) = &args.json {
+        write(path, &serde_json::to_string_pretty(&doc).expect("json"));
     }
-    if let Some(path) = arg("--svg") {
-        write(&path, &int4_benches::chart::model_svg(&doc));
+    if let Some(path) = &args.svg {
+        write(path, &int4_benches::chart::model_svg(&doc));
         eprintln!("model-bench: chart written to {path}");
     }
 }

@@ -3,7 +3,9 @@
 //! A thin layer over the `int4` library: `generate` (load a model directory on the path the policy picks and
 //! stream text), `probe` (the hardware probe and the plan for every checkpoint kind), `cache` (list,
 //! verify, clear and evict packed artifacts), `quantize` (write a `cpu_int4` or GPTQ checkpoint once, to
-//! ship) and `eval` (a path's perplexity and agreement against an exact reference, teacher-forced).
+//! ship), `eval` (a path's perplexity and agreement against an exact reference, teacher-forced), `chat`,
+//! `info`, `serve` (the OpenAI-compatible server, `int4-serve`) and `bench` (speed with llama-bench's flags
+//! and rows, in `bench`). What loading a model takes is in `load`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,14 +18,17 @@ use int4::layout::grid::ScaleSearch;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
 use int4::select::{CpuSnapshot, snapshot_for_policy};
 use int4::{
-    ChatOptions, Engine, GenerationRequest, HeadBits, LoadOptions, Messages, Next, PackProgress, PackedFrom, Prompt,
-    RunPath, SamplingOverrides,
+    ChatOptions, Engine, GenerationRequest, LoadOptions, Messages, Next, PackedFrom, Prompt, RunPath, SamplingOverrides,
 };
 use int4_quant::export::{ExportFormat, Method, QuantizeOptions, QuantizeReport, quantize_checkpoint};
 use int4_quant::gptq_method::GptqOptions;
 
+mod bench;
 mod lines;
+mod load;
 mod out;
+
+use load::{QuantArgs, load_options, path_parser, priority};
 
 use out::{OutError, err, errln, out, outln};
 
@@ -65,6 +70,9 @@ enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
     /// /v1/models, /health, /metrics), running requests together with continuous batching.
     Serve(ServeArgs),
+    /// Time a model as llama-bench does (-m, -p, -n, -pg, -r, -t, -o md|csv|json|jsonl), on int4's paths
+    /// (--path, --group, --head-bits): prompt processing and generation in tokens per second.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -242,12 +250,6 @@ struct InfoArgs {
     quant: QuantArgs,
 }
 
-/// `--path`: one of [`RunPath::ALL`]'s names, listed in `--help`.
-fn path_parser() -> impl clap::builder::TypedValueParser<Value = RunPath> {
-    clap::builder::PossibleValuesParser::new(RunPath::ALL.map(RunPath::name))
-        .map(|name| name.parse::<RunPath>().expect("every listed name parses"))
-}
-
 /// `--ref`: an exact path (`bf16` or `f32`): a 4-bit reference would measure nothing.
 fn reference_parser() -> impl clap::builder::TypedValueParser<Value = RunPath> {
     let exact: Vec<&str> = RunPath::ALL.into_iter().filter(|p| p.is_exact()).map(RunPath::name).collect();
@@ -398,36 +400,6 @@ struct EngineArgs {
     quant: QuantArgs,
 }
 
-/// How an unquantized checkpoint is quantized at load (a quantized one keeps its own grid): the options
-/// every command that loads or describes a model shares.
-#[derive(clap::Args)]
-struct QuantArgs {
-    /// Input channels per scale and zero when quantizing at load: 32, 64, 128 or 256 (default: the
-    /// runtime's, which docs/quantize.md measures).
-    #[arg(long, alias = "group-size")]
-    group: Option<i64>,
-    /// Bits for a head the checkpoint stores unquantized: 4, or 8 (llama.cpp's Q8_0 grid, groups of 32; a
-    /// tied embedding follows the head). Default: the runtime's.
-    #[arg(long)]
-    head_bits: Option<u8>,
-}
-
-impl QuantArgs {
-    /// The options these flags set on a load.
-    fn apply(&self, opts: &mut LoadOptions) -> Result<(), String> {
-        if let Some(g) = self.group {
-            opts.group_size = GroupSize::from_checkpoint(g).map_err(|e| format!("--group {g}: {e}"))?;
-        }
-        opts.head_bits = match self.head_bits {
-            None => opts.head_bits,
-            Some(4) => HeadBits::Four,
-            Some(8) => HeadBits::Eight,
-            Some(b) => return Err(format!("--head-bits {b}: 4 or 8")),
-        };
-        Ok(())
-    }
-}
-
 impl EngineArgs {
     /// The options these flags set on a load.
     fn apply(&self, opts: &mut LoadOptions) -> Result<(), String> {
@@ -452,7 +424,16 @@ impl ActScalesArg {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // llama-bench spells its prompt-and-generation flag `-pg`, one dash and two letters.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "bench") {
+        for a in args.iter_mut().skip(2) {
+            if a == "-pg" {
+                *a = "--pg".into();
+            }
+        }
+    }
+    let cli = Cli::parse_from(args);
     match cli.command {
         Command::Probe { json } => report("probe", probe(json)),
         Command::Cache { action, bytes } => match cache(&action, bytes) {
@@ -465,6 +446,7 @@ fn main() -> ExitCode {
         Command::Info(a) => report("info", info(a)),
         Command::Quantize(a) => report("quantize", quantize(a)),
         Command::Eval(a) => report("eval", eval(a)),
+        Command::Bench(a) => report("bench", bench::bench(a)),
     }
 }
 
@@ -478,14 +460,6 @@ fn report(command: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode 
             errln!("int4 {command}: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn priority(p: &str) -> Result<Priority, Box<dyn std::error::Error>> {
-    match p {
-        "speed" => Ok(Priority::Speed),
-        "fidelity" => Ok(Priority::Fidelity),
-        other => Err(format!("--priority {other}: expected speed or fidelity").into()),
     }
 }
 
@@ -511,36 +485,6 @@ fn start_threads(threads: Option<usize>) -> Result<(), Box<dyn std::error::Error
         rayon::ThreadPoolBuilder::new().num_threads(t).build_global()?;
     }
     Ok(())
-}
-
-/// Load options with a progress bar on stderr for the first (cold) packing of a model's layers; the
-/// environment's variables checked (`LoadOptions::from_env`).
-fn load_options(
-    path: RunPath,
-    priority: Priority,
-    context: usize,
-    no_cache: bool,
-) -> Result<LoadOptions, Box<dyn std::error::Error>> {
-    let bar = indicatif::ProgressBar::hidden();
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("[int4] packing layers {bar:30} {pos}/{len} {elapsed}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let progress = PackProgress(std::sync::Arc::new(move |done, total| {
-        if bar.is_hidden() && done < total {
-            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-        }
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-        if done == total {
-            bar.finish_and_clear();
-        }
-    }));
-    let mut opts = LoadOptions { path, priority, context, progress: Some(progress), ..LoadOptions::from_env()? };
-    if no_cache {
-        opts.cache = None;
-    }
-    Ok(opts)
 }
 
 /// Starts the thread pool, loads the model and prints the load's warnings.

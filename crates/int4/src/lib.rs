@@ -40,7 +40,8 @@
 //!   ([`TextCodec`]; templates rendered by [`template`] as transformers renders them, run under a time and
 //!   memory budget by `sandbox`); `engine` — load a directory ([`Engine`]); `generation` — the one
 //!   generation API: a [`GenerationRequest`] in, [`TokenEvent`]s out, a [`Generation`] at the end, each
-//!   answer in progress a [`Sequence`].
+//!   answer in progress a [`Sequence`]; [`speed`] — a model's speed timed as llama-bench times it (pp, tg,
+//!   pp + tg).
 //!
 //! # Other crates
 //!
@@ -63,6 +64,7 @@ mod model_dir;
 mod quantized;
 mod sampling;
 mod sandbox;
+pub mod speed;
 mod text;
 mod weights;
 

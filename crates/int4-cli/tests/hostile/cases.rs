@@ -1421,6 +1421,38 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
     cases.push(case("cache-ls-etc", Invocation::new(&["cache", "ls"]).env("INT4_CACHE_DIR", "/etc"), Expect::Ok));
     cases.push(case("info-json", Invocation::new(&["info", &t, "--json"]), Expect::Ok));
 
+    // `int4 bench`: llama-bench's flags, each bad value refused by name.
+    let b =
+        |extra: &[&str]| Invocation::new(&[&["bench", "-m", &t, "-p", "8", "-n", "4", "-r", "1"][..], extra].concat());
+    for (name, inv, expect) in [
+        ("bench-every-format", b(&["-o", "jsonl", "-pg", "8,2", "-t", "1"]), Expect::Ok),
+        ("bench-json", b(&["-o", "json", "--path", "w4a16,w4a8"]), Expect::Ok),
+        ("bench-csv", b(&["-o", "csv"]), Expect::Ok),
+        ("bench-r0", Invocation::new(&["bench", "-m", &t, "-r", "0"]), Expect::Error("-r 0")),
+        ("bench-t0", b(&["-t", "0"]), Expect::Error("-t 0")),
+        ("bench-t-huge", b(&["-t", "100000"]), Expect::Error("-t 100000")),
+        (
+            "bench-nothing",
+            Invocation::new(&["bench", "-m", &t, "-p", "0", "-n", "0"]),
+            Expect::Error("nothing to time"),
+        ),
+        ("bench-format-xml", b(&["-o", "xml"]), Expect::Usage("xml")),
+        ("bench-pg-one", b(&["-pg", "512"]), Expect::Usage("pp,tg")),
+        ("bench-pg-garbage", b(&["-pg", "a,b"]), Expect::Usage("invalid digit")),
+        ("bench-unknown-flag", b(&["--frobnicate"]), Expect::Usage("--frobnicate")),
+        ("bench-no-model", Invocation::new(&["bench"]), Expect::Usage("--model")),
+        (
+            "bench-missing-model",
+            Invocation::new(&["bench", "-m", "/nonexistent/model"]),
+            Expect::Error("/nonexistent/model"),
+        ),
+        ("bench-group-48", b(&["--group", "48"]), Expect::Error("--group 48")),
+        ("bench-head-bits-5", b(&["--head-bits", "5"]), Expect::Error("--head-bits 5")),
+        ("bench-context-over", b(&["-p", "100000"]), Expect::Error("the model's context is")),
+    ] {
+        cases.push(case(name, inv, expect));
+    }
+
     // Standard output: a closed pipe stops at once, silently; a full device is one line and status 1.
     cases.push(case("flag-head-bits-5", g(&["--head-bits", "5"]), Expect::Error("--head-bits 5: 4 or 8")));
     cases.push(case("flag-group-48", g(&["--group", "48"]), Expect::Error("--group 48")));
