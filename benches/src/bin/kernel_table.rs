@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use half::bf16;
 use int4_kernels::ceiling;
 use int4_kernels::dense::{DenseLinear, DenseWeights};
-use int4_kernels::isa::IsaCaps;
+use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::shapes::{SMOLLM2_SHAPES, UPSTREAM_SHAPES};
 use int4_kernels::w4a8::{W4A8Linear, W4A8Weights};
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
@@ -74,6 +74,11 @@ struct Row {
     fma_flops: f64,
     /// The `vdpbf16ps` peak (0 without AVX512-BF16).
     bf16_flops: f64,
+    /// The f32 prefill on 512-bit FMA (`w4a16-prefill-direct-avx512`) and on 256-bit FMA, and the 512-bit
+    /// FMA peak: where the CPU has AVX-512 (0 elsewhere).
+    prefill_f32_512: f64,
+    prefill_f32_256: f64,
+    fma512_flops: f64,
     decode_kernel: &'static str,
     prefill_kernel: &'static str,
 }
@@ -138,6 +143,16 @@ fn main() {
             IsaCaps::process(),
         )
         .unwrap();
+        // The f32 prefill at each FMA width, where the CPU has AVX-512: the AVX-512 one as a CPU without
+        // AVX512-BF16 runs it, and the AVX2 one.
+        let f32_widths = int4_kernels::isa::Avx512::new().map(|_| {
+            let at = |level: IsaLevel, caps: &IsaCaps| {
+                let weights = W4A16Weights::new(&q.codes, q.params.clone(), block, true).unwrap();
+                W4A16Linear::forced(weights, None, W4A16Config::default(), level, caps).unwrap()
+            };
+            let no_bf16 = IsaCaps::process().without(int4_kernels::isa::Feature::Avx512Bf16);
+            (at(IsaLevel::Avx512, &no_bf16), at(IsaLevel::Avx2, IsaCaps::process()))
+        });
         let wna16 = int4_kernels::portable::Wna16Linear::from_codes(&q.codes, q.params.clone(), None).unwrap();
         let qi = quantize_integer_zero(&w, n, k, GroupSize::G128, ScaleSearch::Off, ParamPrecision::F32).unwrap();
         let groups = GroupSize::G128.groups(k);
@@ -162,7 +177,7 @@ fn main() {
         let (mut o1, mut o4, mut op) = (vec![0.0; n], vec![0.0; 4 * n], vec![0.0; m_prefill * n]);
         let packed = direct.weights().packed().to_vec();
         let mut sink = 0u64;
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 13];
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 16];
         for _ in 0..rounds {
             samples[0].push(time_per_call(budget, || sink ^= ceiling::stream_read(&packed)));
             samples[1].push(time_per_call(budget, || direct.decode(&x1, 1, &mut o1).unwrap()));
@@ -191,6 +206,13 @@ fn main() {
             let iters = 100_000;
             let t = time_per_call(budget, || sink ^= u64::from(ceiling::bf16_peak(iters).1.to_bits()));
             samples[12].push(ceiling::bf16_peak(1).0 as f64 * iters as f64 / t);
+            if let Some((wide, narrow)) = &f32_widths {
+                samples[13].push(time_per_call(budget, || wide.prefill(&xp, m_prefill, &mut op).unwrap()));
+                samples[14].push(time_per_call(budget, || narrow.prefill(&xp, m_prefill, &mut op).unwrap()));
+                let iters = 200_000;
+                let t = time_per_call(budget, || sink ^= u64::from(ceiling::fma512_peak(iters).1.to_bits()));
+                samples[15].push(ceiling::fma512_peak(1).0 as f64 * iters as f64 / t);
+            }
         }
         std::hint::black_box(sink);
         let med: Vec<f64> = samples.into_iter().map(median).collect();
@@ -224,6 +246,9 @@ fn main() {
             gemm_bf16: med[7],
             fma_flops: med[8],
             bf16_flops: med[12],
+            prefill_f32_512: if f32_widths.is_some() { med[13] } else { 0.0 },
+            prefill_f32_256: if f32_widths.is_some() { med[14] } else { 0.0 },
+            fma512_flops: if f32_widths.is_some() { med[15] } else { 0.0 },
             decode_kernel: direct.kernel_for(1).name(),
             prefill_kernel: direct.kernel_for(m_prefill).name(),
         });
@@ -277,9 +302,38 @@ fn main() {
             "stream_read_bf16_s": r.read_bf16, "dense_bf16_gemv_m1_s": r.gemv_bf16,
             "prefill_direct_s": r.prefill_direct, "prefill_halves_s": r.prefill_halves,
             "dense_bf16_gemm_s": r.gemm_bf16, "fma_peak_flops": r.fma_flops, "bf16_peak_flops": r.bf16_flops,
+            "prefill_f32_avx512_s": r.prefill_f32_512, "prefill_f32_avx2_s": r.prefill_f32_256,
+            "fma512_peak_flops": r.fma512_flops,
             "decode_kernel": r.decode_kernel, "prefill_kernel": r.prefill_kernel,
             "decode_gbs": dec_gbs, "stream_read_gbs": read_gbs, "prefill_gflops": gflops,
         }));
+    }
+
+    if rows.iter().any(|r| r.prefill_f32_512 > 0.0) {
+        println!(
+            "\n### The f32 prefill at each FMA width (M = {m_prefill}; 512-bit: `w4a16-prefill-direct-avx512`, what an AVX-512 CPU without AVX512-BF16 runs; 256-bit: `w4a16-prefill-direct-avx2`), same rounds\n"
+        );
+        println!(
+            "| shape | N×K | 512-bit GFLOP/s | % of 512-bit FMA peak | 256-bit GFLOP/s | % of 256-bit FMA peak | 512 / 256 | peaks 512 / 256 GFLOP/s |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+        for r in &rows {
+            let flops = 2.0 * (m_prefill * r.n * r.k) as f64;
+            let (wide, narrow) = (flops / r.prefill_f32_512 / 1e9, flops / r.prefill_f32_256 / 1e9);
+            println!(
+                "| {} | {}×{} | {:.1} | {:.0}% | {:.1} | {:.0}% | {:.2}× | {:.0} / {:.0} |",
+                r.name,
+                r.n,
+                r.k,
+                wide,
+                100.0 * wide * 1e9 / r.fma512_flops,
+                narrow,
+                100.0 * narrow * 1e9 / r.fma_flops,
+                wide / narrow,
+                r.fma512_flops / 1e9,
+                r.fma_flops / 1e9
+            );
+        }
     }
 
     println!(

@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::isa::{Avx2Fma, Avx512Bf16, IsaCaps};
+use crate::isa::{Avx2Fma, Avx512, Avx512Bf16, IsaCaps};
 
 /// Reads every byte of `buf` once, split over the current rayon pool in contiguous chunks (as the kernels
 /// split their weights), and returns a checksum so the reads cannot be optimised away.
@@ -96,6 +96,48 @@ unsafe fn fma_loop_avx2(iters: u64, seed: f32) -> f32 {
     // SAFETY: `lanes` is 32 writable bytes.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
     lanes.iter().sum()
+}
+
+/// [`fma_peak`] with 16-lane (512-bit) FMA chains: the peak the AVX-512 f32 prefill can at best reach. On a
+/// CPU with two 512-bit FMA units it is twice the 256-bit peak; on one that splits each 512-bit FMA in two
+/// halves (Zen 4) or has one 512-bit unit (Intel client cores), about the same. 0 operations if this
+/// process has no AVX-512.
+pub fn fma512_peak(iters: u64) -> (u64, f32) {
+    let Some(tok) = Avx512::with_caps(IsaCaps::process()) else {
+        return (0, 0.0);
+    };
+    let threads = rayon::current_num_threads();
+    let sum: f32 = (0..threads).into_par_iter().map(|t| fma512_loop(tok, iters, t as f32)).sum();
+    (iters * 12 * 16 * 2 * threads as u64, sum)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn fma512_loop(_tok: Avx512, iters: u64, seed: f32) -> f32 {
+    // SAFETY: `Avx512` proves AVX-512F; the loop touches no memory.
+    unsafe { fma512_loop_avx512(iters, seed) }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fma512_loop(_tok: Avx512, _iters: u64, seed: f32) -> f32 {
+    seed
+}
+
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma512_loop_avx512(iters: u64, seed: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let a = _mm512_set1_ps(0.999_999);
+    let b = _mm512_set1_ps(1e-7);
+    let mut acc = [_mm512_set1_ps(seed); 12];
+    for _ in 0..iters {
+        for c in acc.iter_mut() {
+            *c = _mm512_fmadd_ps(*c, a, b);
+        }
+    }
+    let v = acc.iter().fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c));
+    _mm512_reduce_add_ps(v)
 }
 
 /// Runs `iters` iterations of a loop of 12 independent `vdpbf16ps` chains (16 lanes, two products each) on

@@ -129,6 +129,10 @@ pub fn choose(features: FeatureSet, spec: LayerSpec) -> KernelChoice {
                 } else {
                     KernelId::W4a16PrefillHalvesAvx512Bf16
                 }
+            } else if f.avx512() {
+                // Without BF16: the f32 GEMM on 512-bit FMA (twice the 256-bit peak where the CPU has two
+                // 512-bit units, as Xeons from Skylake-SP to Ice Lake do; no slower where it has one).
+                if direct_dequant { KernelId::W4a16PrefillDirectAvx512 } else { KernelId::W4a16PrefillHalvesAvx512 }
             } else if f.avx2_fma() {
                 if direct_dequant { KernelId::W4a16PrefillDirectAvx2 } else { KernelId::W4a16PrefillHalvesAvx2 }
             } else {
@@ -188,6 +192,8 @@ pub(crate) enum BoundKernel {
     W4a16PrefillPortable,
     W4a16PrefillDirectAvx2(Avx2Fma),
     W4a16PrefillHalvesAvx2(Avx2Fma),
+    W4a16PrefillDirectAvx512(Avx512),
+    W4a16PrefillHalvesAvx512(Avx512),
     W4a16PrefillDirectAvx512Bf16(Avx512Bf16),
     W4a16PrefillHalvesAvx512Bf16(Avx512Bf16),
     W4a16PrefillAmxBf16(AmxBf16),
@@ -223,6 +229,8 @@ fn bind(id: KernelId, caps: &IsaCaps) -> Result<BoundKernel, KernelError> {
         KernelId::W4a16PrefillPortable => BoundKernel::W4a16PrefillPortable,
         KernelId::W4a16PrefillDirectAvx2 => BoundKernel::W4a16PrefillDirectAvx2(avx2()?),
         KernelId::W4a16PrefillHalvesAvx2 => BoundKernel::W4a16PrefillHalvesAvx2(avx2()?),
+        KernelId::W4a16PrefillDirectAvx512 => BoundKernel::W4a16PrefillDirectAvx512(avx512()?),
+        KernelId::W4a16PrefillHalvesAvx512 => BoundKernel::W4a16PrefillHalvesAvx512(avx512()?),
         KernelId::W4a16PrefillDirectAvx512Bf16 => BoundKernel::W4a16PrefillDirectAvx512Bf16(bf16()?),
         KernelId::W4a16PrefillHalvesAvx512Bf16 => BoundKernel::W4a16PrefillHalvesAvx512Bf16(bf16()?),
         KernelId::W4a16PrefillAmxBf16 => {
@@ -258,6 +266,8 @@ impl BoundKernel {
             BoundKernel::W4a16PrefillPortable => KernelId::W4a16PrefillPortable,
             BoundKernel::W4a16PrefillDirectAvx2(_) => KernelId::W4a16PrefillDirectAvx2,
             BoundKernel::W4a16PrefillHalvesAvx2(_) => KernelId::W4a16PrefillHalvesAvx2,
+            BoundKernel::W4a16PrefillDirectAvx512(_) => KernelId::W4a16PrefillDirectAvx512,
+            BoundKernel::W4a16PrefillHalvesAvx512(_) => KernelId::W4a16PrefillHalvesAvx512,
             BoundKernel::W4a16PrefillDirectAvx512Bf16(_) => KernelId::W4a16PrefillDirectAvx512Bf16,
             BoundKernel::W4a16PrefillHalvesAvx512Bf16(_) => KernelId::W4a16PrefillHalvesAvx512Bf16,
             BoundKernel::W4a16PrefillAmxBf16(_) => KernelId::W4a16PrefillAmxBf16,
@@ -367,7 +377,8 @@ mod tests {
             (&[], TinygemmBlock::N32, true, W4a16DecodePortable, W4a16PrefillPortable),
             (AVX2, TinygemmBlock::N32, true, W4a16DecodeAvx2, W4a16PrefillDirectAvx2),
             (AVX2, TinygemmBlock::N32, false, W4a16DecodeAvx2, W4a16PrefillHalvesAvx2),
-            (SKYLAKE, TinygemmBlock::N64, true, W4a16DecodeAvx512, W4a16PrefillDirectAvx2),
+            (SKYLAKE, TinygemmBlock::N64, true, W4a16DecodeAvx512, W4a16PrefillDirectAvx512),
+            (SKYLAKE, TinygemmBlock::N64, false, W4a16DecodeAvx512, W4a16PrefillHalvesAvx512),
             (ZEN4, TinygemmBlock::N64, true, W4a16DecodeAvx512Bf16, W4a16PrefillDirectAvx512Bf16),
             (ZEN4, TinygemmBlock::N64, false, W4a16DecodeAvx512Bf16, W4a16PrefillHalvesAvx512Bf16),
             // The bf16 decode reads whole 64-channel blocks: a 32-channel layout keeps the f32 decode.

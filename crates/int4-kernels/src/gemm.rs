@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use crate::isa::{Avx2Fma, Avx512Bf16};
+use crate::isa::{Avx2Fma, Avx512, Avx512Bf16};
 use crate::portable;
 
 /// Input channels per panel.
@@ -32,8 +32,13 @@ pub(crate) enum InnerLoops {
 
 /// Fills `tiles` (`[lanes][m][16]`, zeroed by the caller) with `Σ_k x[r][k]·panel_lg[k][j]`, where
 /// `produce(lg, k0, k1, panel)` writes lane group `lg`'s panel for input channels `k0..k1`.
+///
+/// With `wide`, the microkernel is the AVX-512 one, two lane groups per call (a 512-bit register per row
+/// and lane group): each output is the same chain of fused multiply-adds over `k` in order as on the
+/// 8-lane microkernels, so the result is bit for bit `loops`' alone.
 pub(crate) fn panel_gemm(
     loops: InnerLoops,
+    wide: Option<Avx512>,
     x: &[f32],
     m: usize,
     k: usize,
@@ -59,6 +64,20 @@ pub(crate) fn panel_gemm(
             while r0 < m {
                 let mr = MR.min(m - r0);
                 let a = &x[r0 * k + k0..];
+                if let Some(tok) = wide {
+                    let mut l = 0;
+                    while l < lanes {
+                        let pair = usize::from(l + 1 < lanes) + 1;
+                        let p = &panels[l * kc * 16..(l + pair) * kc * 16];
+                        let (t0, rest) = tiles[l * m * 16..].split_at_mut(m * 16);
+                        let t0 = &mut t0[r0 * 16..(r0 + mr) * 16];
+                        let t1 = if pair == 2 { Some(&mut rest[r0 * 16..(r0 + mr) * 16]) } else { None };
+                        avx512_microkernel(tok, mr, kc, a, k, p, t0, t1);
+                        l += pair;
+                    }
+                    r0 += mr;
+                    continue;
+                }
                 for (l, panel) in panels.chunks_exact(kc * 16).take(lanes).enumerate() {
                     let t = &mut tiles[l * m * 16 + r0 * 16..l * m * 16 + (r0 + mr) * 16];
                     match loops {
@@ -236,6 +255,66 @@ fn avx2_microkernel(_tok: Avx2Fma, mr: usize, kc: usize, a: &[f32], lda: usize, 
             _ => mk::<6>(kc, a, lda, p, t),
         }
     }
+}
+
+/// The AVX-512 microkernel for `mr` rows against one lane group's panel (`t1` absent) or two side by side
+/// (`panels` holds both, `[2][kc][16]`), after checking every range it touches.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn avx512_microkernel(
+    _tok: Avx512,
+    mr: usize,
+    kc: usize,
+    a: &[f32],
+    lda: usize,
+    panels: &[f32],
+    t0: &mut [f32],
+    t1: Option<&mut [f32]>,
+) {
+    assert!((1..=MR).contains(&mr));
+    assert!(a.len() >= (mr - 1) * lda + kc, "activation rows out of range");
+    let two = t1.is_some();
+    assert!(panels.len() >= kc * 16 * (1 + usize::from(two)) && t0.len() >= mr * 16);
+    assert!(t1.as_ref().is_none_or(|t| t.len() >= mr * 16));
+    use crate::x86_64::avx512::gemm_microkernel_f32 as mk;
+    let (a, p0) = (a.as_ptr(), panels.as_ptr());
+    let t0 = t0.as_mut_ptr();
+    macro_rules! rows {
+        ($p:literal, $ps:expr, $ts:expr) => {
+            match mr {
+                1 => mk::<1, $p>(kc, a, lda, $ps, $ts),
+                2 => mk::<2, $p>(kc, a, lda, $ps, $ts),
+                3 => mk::<3, $p>(kc, a, lda, $ps, $ts),
+                4 => mk::<4, $p>(kc, a, lda, $ps, $ts),
+                5 => mk::<5, $p>(kc, a, lda, $ps, $ts),
+                _ => mk::<6, $p>(kc, a, lda, $ps, $ts),
+            }
+        };
+    }
+    // SAFETY: holding `Avx512` proves the CPU has AVX-512F. The asserts above give every range the
+    // microkernel reads (a[r·lda + p] for r < mr, p < kc; each panel's kc·16 floats, the second at kc·16)
+    // and writes (mr rows of 16 floats of each tile).
+    unsafe {
+        match t1 {
+            Some(t1) => rows!(2, [p0, p0.add(kc * 16)], [t0, t1.as_mut_ptr()]),
+            None => rows!(1, [p0], [t0]),
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+fn avx512_microkernel(
+    _tok: Avx512,
+    _mr: usize,
+    _kc: usize,
+    _a: &[f32],
+    _lda: usize,
+    _panels: &[f32],
+    _t0: &mut [f32],
+    _t1: Option<&mut [f32]>,
+) {
+    unreachable!("no Avx512 token exists off x86-64");
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -21,6 +21,12 @@ pub enum KernelId {
     W4a16PrefillDirectAvx2,
     /// W4A16 prefill from the split-halves planes (`direct_dequant: false`), AVX2.
     W4a16PrefillHalvesAvx2,
+    /// W4A16 prefill: dequantize straight from the tinygemm layout to f32 panels, 512-bit f32-FMA GEMM (two
+    /// lane groups per call; the same sums as [`KernelId::W4a16PrefillDirectAvx2`], so the same bits), for
+    /// AVX-512 CPUs without AVX512-BF16.
+    W4a16PrefillDirectAvx512,
+    /// W4A16 prefill from the split-halves planes (`direct_dequant: false`), 512-bit f32-FMA GEMM.
+    W4a16PrefillHalvesAvx512,
     /// W4A16 prefill: dequantize straight from the tinygemm layout, round to bf16 pairs, `vdpbf16ps` GEMM.
     W4a16PrefillDirectAvx512Bf16,
     /// W4A16 prefill from the split-halves planes (`direct_dequant: false`), `vdpbf16ps` GEMM.
@@ -65,13 +71,15 @@ pub enum KernelId {
 
 impl KernelId {
     /// Every kernel.
-    pub const ALL: [KernelId; 26] = [
+    pub const ALL: [KernelId; 28] = [
         KernelId::W4a16DecodeAvx2,
         KernelId::W4a16DecodeAvx512,
         KernelId::W4a16DecodeAvx512Bf16,
         KernelId::W4a16DecodePortable,
         KernelId::W4a16PrefillDirectAvx2,
         KernelId::W4a16PrefillHalvesAvx2,
+        KernelId::W4a16PrefillDirectAvx512,
+        KernelId::W4a16PrefillHalvesAvx512,
         KernelId::W4a16PrefillDirectAvx512Bf16,
         KernelId::W4a16PrefillHalvesAvx512Bf16,
         KernelId::W4a16PrefillPortable,
@@ -141,7 +149,11 @@ impl KernelId {
             | KernelId::W4a8Avx2
             | KernelId::W8a16DecodeAvx2
             | KernelId::W8a16PrefillAvx2 => "AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)",
-            KernelId::W4a16DecodeAvx512 | KernelId::W8a16DecodeAvx512 | KernelId::W8a16PrefillAvx512 => {
+            KernelId::W4a16DecodeAvx512
+            | KernelId::W4a16PrefillDirectAvx512
+            | KernelId::W4a16PrefillHalvesAvx512
+            | KernelId::W8a16DecodeAvx512
+            | KernelId::W8a16PrefillAvx512 => {
                 "AVX-512 F/BW/VL, AVX2 and FMA (absent on this CPU, or capped by INT4_ISA/INT4_DISABLE)"
             }
             KernelId::W4a16DecodeAvx512Bf16
@@ -168,6 +180,8 @@ impl KernelId {
             KernelId::W4a16DecodePortable => "w4a16-decode-portable",
             KernelId::W4a16PrefillDirectAvx2 => "w4a16-prefill-direct-avx2",
             KernelId::W4a16PrefillHalvesAvx2 => "w4a16-prefill-halves-avx2",
+            KernelId::W4a16PrefillDirectAvx512 => "w4a16-prefill-direct-avx512",
+            KernelId::W4a16PrefillHalvesAvx512 => "w4a16-prefill-halves-avx512",
             KernelId::W4a16PrefillDirectAvx512Bf16 => "w4a16-prefill-direct-avx512bf16",
             KernelId::W4a16PrefillHalvesAvx512Bf16 => "w4a16-prefill-halves-avx512bf16",
             KernelId::W4a16PrefillPortable => "w4a16-prefill-portable",

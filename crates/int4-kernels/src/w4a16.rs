@@ -360,8 +360,12 @@ impl W4A16Linear {
                 choice.prefill_from, config.dequant_threshold
             )));
         }
-        let halves_kernel =
-            matches!(choice.prefill, KernelId::W4a16PrefillHalvesAvx2 | KernelId::W4a16PrefillHalvesAvx512Bf16);
+        let halves_kernel = matches!(
+            choice.prefill,
+            KernelId::W4a16PrefillHalvesAvx2
+                | KernelId::W4a16PrefillHalvesAvx512
+                | KernelId::W4a16PrefillHalvesAvx512Bf16
+        );
         if (halves_kernel || !config.direct_dequant) && weights.halves.is_none() {
             return Err(KernelError::invalid(
                 "the prefill reads split halves (direct_dequant: false), which these weights were built without; \
@@ -534,6 +538,9 @@ impl W4A16Linear {
             BoundKernel::W4a16PrefillDirectAvx512Bf16(t) | BoundKernel::W4a16PrefillHalvesAvx512Bf16(t) => {
                 InnerLoops::Avx2(t.avx512().avx2())
             }
+            BoundKernel::W4a16PrefillDirectAvx512(t) | BoundKernel::W4a16PrefillHalvesAvx512(t) => {
+                InnerLoops::Avx2(t.avx2())
+            }
             BoundKernel::W4a16PrefillDirectAvx2(t) | BoundKernel::W4a16PrefillHalvesAvx2(t) => InnerLoops::Avx2(t),
             _ => InnerLoops::Portable,
         }
@@ -631,17 +638,21 @@ impl W4A16Linear {
             return Ok(());
         }
         let kernel = self.kernels.prefill();
-        let (direct, bf16) = match kernel {
+        // Whether the panels come from the packed layout, and the GEMM: bf16 pairs, or f32 on 512-bit
+        // registers, or (neither) on the dequantization's own inner loops.
+        let (direct, bf16, wide) = match kernel {
             #[cfg(target_arch = "x86_64")]
             BoundKernel::W4a16PrefillAmxBf16(tok) => {
                 return self.prefill_tiles(&|| crate::x86_64::amx::AmxTiles::for_bf16(tok), x, m, out);
             }
-            BoundKernel::W4a16PrefillDirectAvx512Bf16(t) => (true, Some(t)),
-            BoundKernel::W4a16PrefillHalvesAvx512Bf16(t) => (false, Some(t)),
-            BoundKernel::W4a16PrefillDirectAvx2(_) => (true, None),
-            BoundKernel::W4a16PrefillHalvesAvx2(_) => (false, None),
+            BoundKernel::W4a16PrefillDirectAvx512Bf16(t) => (true, Some(t), None),
+            BoundKernel::W4a16PrefillHalvesAvx512Bf16(t) => (false, Some(t), None),
+            BoundKernel::W4a16PrefillDirectAvx512(t) => (true, None, Some(t)),
+            BoundKernel::W4a16PrefillHalvesAvx512(t) => (false, None, Some(t)),
+            BoundKernel::W4a16PrefillDirectAvx2(_) => (true, None, None),
+            BoundKernel::W4a16PrefillHalvesAvx2(_) => (false, None, None),
             // The portable prefill reads what the configuration keeps.
-            BoundKernel::W4a16PrefillPortable => (self.config.direct_dequant, None),
+            BoundKernel::W4a16PrefillPortable => (self.config.direct_dequant, None, None),
             other => return Err(wrong_family(other)),
         };
         let g_len = w.group.len(k);
@@ -668,7 +679,7 @@ impl W4A16Linear {
         match bf16 {
             // The same exact f32 panels, rounded to bf16 pairs, against bf16 activations.
             Some(tok) => gemm::panel_gemm_bf16(tok, &gemm::bf16_rows(tok, x, m, k), m, k, &mut tiles, produce),
-            None => gemm::panel_gemm(loops, x, m, k, &mut tiles, produce),
+            None => gemm::panel_gemm(loops, wide, x, m, k, &mut tiles, produce),
         }
         self.finish(&tiles, m, out)
     }

@@ -262,7 +262,7 @@ fn decode_and_prefill_agree_at_the_threshold() {
         let avx512_prefill = if int4_kernels::isa::Avx512Bf16::with_caps(IsaCaps::process()).is_some() {
             KernelId::W4a16PrefillDirectAvx512Bf16
         } else {
-            KernelId::W4a16PrefillDirectAvx2
+            KernelId::W4a16PrefillDirectAvx512
         };
         let avx512_decode = if int4_kernels::isa::Avx512Bf16::with_caps(IsaCaps::process()).is_some() {
             KernelId::W4a16DecodeAvx512Bf16
@@ -608,6 +608,45 @@ fn the_row_exact_decode_gives_every_row_its_one_row_bits() {
                     let same = alone.iter().zip(&together[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{name}: N={n} K={k} {group:?} M={m}: row {r} differs from its one-row decode");
                 }
+            }
+        }
+    }
+}
+
+/// The AVX-512 f32 prefill (CPUs with AVX-512 but no AVX512-BF16) gives the AVX2 prefill's bits: the same
+/// panels, and each output the same fused multiply-add chain over K, two lane groups per call on 512-bit
+/// registers. Both panel sources (direct and split halves), tails in M (rows past a multiple of six), N
+/// (an odd number of lane groups, so a pair and a single) and K (past a 256-channel panel), every group
+/// size. Runs wherever the CPU has AVX-512 (with BF16 taken away from the caps where it has it).
+#[test]
+fn the_avx512_f32_prefill_gives_the_avx2_prefills_bits() {
+    use int4_kernels::isa::Feature;
+    let caps = IsaCaps::process();
+    let runnable = common::runnable_variants_of("the_avx512_f32_prefill", &common::W4A16_VARIANTS);
+    if !runnable.iter().any(|v| v.level == IsaLevel::Avx512) {
+        return;
+    }
+    let no_bf16 = caps.without(Feature::Avx512Bf16);
+    let mut rng = Rng::new(41);
+    for (n, k, group) in [(48, 300, GroupSize::G32), (144, 576, GroupSize::G64), (208, 1090, GroupSize::G128)] {
+        let (codes, params) = layer(&mut rng, n, k, group);
+        for direct in [true, false] {
+            let config = W4A16Config { direct_dequant: direct, ..W4A16Config::default() };
+            let at = |level: IsaLevel, caps: &IsaCaps| {
+                let weights = W4A16Weights::new(&codes, params.clone(), TinygemmBlock::N64, direct).unwrap();
+                W4A16Linear::forced(weights, None, config, level, caps).unwrap()
+            };
+            let wide = at(IsaLevel::Avx512, &no_bf16);
+            let narrow = at(IsaLevel::Avx2, caps);
+            let want = if direct { KernelId::W4a16PrefillDirectAvx512 } else { KernelId::W4a16PrefillHalvesAvx512 };
+            assert_eq!(wide.kernel_for(512), want);
+            for m in [1, 5, 7, 13, 16, 40] {
+                let x = rng.activations(m, k);
+                let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                wide.prefill(&x, m, &mut a).unwrap();
+                narrow.prefill(&x, m, &mut b).unwrap();
+                let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "N={n} K={k} {group:?} M={m} direct={direct}: the AVX-512 f32 prefill differs from AVX2");
             }
         }
     }

@@ -215,7 +215,7 @@ fn overrides_caps_and_forced_paths() {
     let p = plan(&zen4, CheckpointKind::CpuInt4, Priority::Speed, &no_bf16).unwrap();
     assert_eq!(
         (p.path, p.decode.kernel, p.prefill.kernel),
-        (Rung::W4a16Avx512, KernelId::W4a16DecodeAvx512, KernelId::W4a16PrefillDirectAvx2)
+        (Rung::W4a16Avx512, KernelId::W4a16DecodeAvx512, KernelId::W4a16PrefillDirectAvx512)
     );
     let no_vnni = Overrides { caps: IsaCaps::unrestricted().without(Feature::Avx512Vnni), ..Overrides::default() };
     assert_eq!(plan(&zen4, CheckpointKind::GptqSym, Priority::Speed, &no_vnni).unwrap().path, Rung::W4a16Avx512);

@@ -318,6 +318,49 @@ unsafe fn decode_block_bf16_with<const MR: usize, const U: usize, const VBMI: bo
     unsafe { store_tiles::<MR, 2, false>(&tot, tiles) };
 }
 
+/// The f32 GEMM microkernel on 512-bit registers: `MR` activation rows against `P` lane groups' panels
+/// (`panels[i]`: `[kc][16]` f32), accumulated into their tiles (`tiles[i]`: `[MR][16]`, read then
+/// written). Each output is `tile + Σ_p a·panel` as one fused multiply-add chain over `p` in order — the
+/// AVX2 microkernel's chain, so its bits.
+///
+/// # Safety
+/// The CPU must support AVX-512F. `a.add(r·lda + p)` readable for `r < MR`, `p < kc`; `panels[i].add(p·16
+/// + 15)` readable for `p < kc`, `i < P`; `tiles[i].add(r·16 + 15)` readable and writable for `r < MR`,
+/// `i < P`, the tiles not overlapping.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn gemm_microkernel_f32<const MR: usize, const P: usize>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    panels: [*const f32; P],
+    tiles: [*mut f32; P],
+) {
+    let mut acc = [[_mm512_setzero_ps(); P]; MR];
+    for (r, row) in acc.iter_mut().enumerate() {
+        for (c, t) in row.iter_mut().zip(&tiles) {
+            // SAFETY: r < MR: row r of each tile is readable (caller contract).
+            *c = unsafe { _mm512_loadu_ps(t.add(r * 16)) };
+        }
+    }
+    for p in 0..kc {
+        // SAFETY: p < kc: row p of each panel is readable (caller contract).
+        let b: [__m512; P] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(panels[i].add(p * 16)) });
+        for (r, row) in acc.iter_mut().enumerate() {
+            // SAFETY: r < MR, p < kc: a[r·lda + p] is readable (caller contract).
+            let ab = _mm512_set1_ps(unsafe { *a.add(r * lda + p) });
+            for (c, bv) in row.iter_mut().zip(&b) {
+                *c = _mm512_fmadd_ps(ab, *bv, *c);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (c, t) in row.iter().zip(&tiles) {
+            // SAFETY: r < MR: row r of each tile is writable (caller contract).
+            unsafe { _mm512_storeu_ps(t.add(r * 16), *c) };
+        }
+    }
+}
+
 /// The `U` accumulator sets of a decode kernel summed in set order.
 ///
 /// # Safety
