@@ -295,6 +295,30 @@ impl VectorOps {
     }
 }
 
+/// The GEMM's outer loop, shared by its AVX2 and AVX-512 variants: blocks of up to six rows of A, each
+/// handed to `$rows::<R>` for its row count (an `unsafe fn` with the variant's `rows` contract).
+#[cfg(target_arch = "x86_64")]
+macro_rules! in_six_row_blocks {
+    ($rows:ident, $m:expr, $n:expr, $k:expr, $a:expr, $a_row:expr, $a_col:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
+        let (m, n, k, a_row, a_col, b, ldb, ldc) = ($m, $n, $k, $a_row, $a_col, $b, $ldb, $ldc);
+        let mut i = 0;
+        while i < m {
+            let r = (m - i).min(6);
+            // Rows i..i + r are within m; the offsets stay inside the caller's ranges.
+            let (a, c) = ($a.add(i * a_row), $c.add(i * ldc));
+            match r {
+                6 => $rows::<6>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                5 => $rows::<5>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                4 => $rows::<4>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                3 => $rows::<3>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                2 => $rows::<2>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                _ => $rows::<1>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+            }
+            i += r;
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! The AVX2 + FMA variants. Every function is an `unsafe fn` with `#[target_feature(enable =
@@ -571,23 +595,8 @@ mod avx2 {
         c: *mut f32,
         ldc: usize,
     ) {
-        let mut i = 0;
-        while i < m {
-            let r = (m - i).min(6);
-            // SAFETY: rows i..i + r are within m; the offsets stay inside the caller's ranges.
-            unsafe {
-                let (a, c) = (a.add(i * a_row), c.add(i * ldc));
-                match r {
-                    6 => rows::<6>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    5 => rows::<5>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    4 => rows::<4>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    3 => rows::<3>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    2 => rows::<2>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    _ => rows::<1>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                }
-            }
-            i += r;
-        }
+        // SAFETY: the caller's contract is `rows`' for every block of up to six rows.
+        unsafe { in_six_row_blocks!(rows, m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
     }
 }
 
@@ -698,23 +707,8 @@ mod avx512 {
         c: *mut f32,
         ldc: usize,
     ) {
-        let mut i = 0;
-        while i < m {
-            let r = (m - i).min(6);
-            // SAFETY: rows i..i + r are within m; the offsets stay inside the caller's ranges.
-            unsafe {
-                let (a, c) = (a.add(i * a_row), c.add(i * ldc));
-                match r {
-                    6 => rows::<6>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    5 => rows::<5>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    4 => rows::<4>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    3 => rows::<3>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    2 => rows::<2>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                    _ => rows::<1>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                }
-            }
-            i += r;
-        }
+        // SAFETY: the caller's contract is `rows`' for every block of up to six rows.
+        unsafe { in_six_row_blocks!(rows, m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
     }
 }
 
