@@ -1449,6 +1449,16 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
         ("bench-group-48", b(&["--group", "48"]), Expect::Error("--group 48")),
         ("bench-head-bits-5", b(&["--head-bits", "5"]), Expect::Error("--head-bits 5")),
         ("bench-context-over", b(&["-p", "100000"]), Expect::Error("the model's context is")),
+        (
+            "serve-read-timeout-0",
+            Invocation::new(&["serve", &t, "--port", "0", "--request-read-timeout", "0"]),
+            Expect::Error("--request-read-timeout"),
+        ),
+        (
+            "serve-max-connections-0",
+            Invocation::new(&["serve", &t, "--port", "0", "--max-connections", "0"]),
+            Expect::Error("--max-connections"),
+        ),
     ] {
         cases.push(case(name, inv, expect));
     }
