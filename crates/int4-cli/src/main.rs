@@ -1044,6 +1044,11 @@ fn probe(json: bool) -> Result<(), Box<dyn std::error::Error>> {
             "snapshot": snap,
             "usable": snap.usable(),
             "kernels_level_in_this_process": caps.effective_level(),
+            "plans_at": serde_json::json!({
+                "group": overrides.group.to_checkpoint(),
+                "head_bits": overrides.head_bits.bits(),
+                "activation_scales": overrides.activation_scales.name(),
+            }),
             "plans": plans.iter().map(|(k, p, r)| serde_json::json!({
                 "checkpoint": k, "priority": p,
                 "plan": r.as_ref().ok(), "error": r.as_ref().err().map(|e| e.to_string()),
@@ -1055,7 +1060,13 @@ fn probe(json: bool) -> Result<(), Box<dyn std::error::Error>> {
     print_snapshot(&snap)?;
     outln!("kernels this process can run: {}", caps.effective_level().name())?;
     outln!()?;
-    outln!("plan per checkpoint kind:")?;
+    outln!(
+        "plan per checkpoint kind, at the load defaults the W4A8 rule reads (group {}, {}-bit head, {} activation \
+         scales; `int4 info MODEL` plans a model's own):",
+        overrides.group.to_checkpoint(),
+        overrides.head_bits.bits(),
+        overrides.activation_scales.name()
+    )?;
     for (kind, prio, r) in &plans {
         match r {
             Ok(p) => {

@@ -4,13 +4,13 @@
 //! this build cannot honour is recorded with the reason, so `int4 probe` can say why a faster path was not
 //! taken. The ladder (see `docs/policy.md` for the measurements behind it):
 //!
-//! 1. `w4a8-amx` — GPTQ checkpoints, speed priority, AMX-INT8 usable (CPUID, XCR0, permission): AMX tiles for
-//!    prefill, AVX-512 VNNI for decode (AMX does not help M = 1).
+//! 1. `w4a8-amx` — speed priority where the W4A8 rule allows it, AMX-INT8 usable (CPUID, XCR0,
+//!    permission): AMX tiles for prefill, AVX-512 VNNI for decode (AMX does not help M = 1).
 //! 2. `w4a16-amx-bf16` — AMX-BF16 tiles for the W4A16 prefill.
-//! 3. `w4a8-vnni` — GPTQ checkpoints, speed priority, AVX-512 VNNI.
+//! 3. `w4a8-vnni` — speed priority where the W4A8 rule allows it, AVX-512 VNNI.
 //! 4. `w4a16-avx512` — AVX-512 F/BW/VL: the AVX-512 decode GEMV over 64-channel tinygemm blocks, and a
 //!    `vdpbf16ps` decode and prefill where the CPU has AVX512-BF16 (f32 FMA where it does not).
-//! 5. `w4a8-avx2` — GPTQ checkpoints, speed priority, AVX2 (`vpmaddubsw`).
+//! 5. `w4a8-avx2` — speed priority where the W4A8 rule allows it, AVX2 (`vpmaddubsw`).
 //! 6. `w4a16-avx2` — AVX2 + FMA: decode GEMV and dequantizing FMA prefill.
 //! 7. `wna16-portable` — anything, including other architectures.
 //!
@@ -18,15 +18,21 @@
 //! come from [`int4_kernels::choice::choose`] on the snapshot's features under the caps, the same function
 //! the layers call on the live CPU, so the plan names the kernels a layer will bind. Rung 2 prefills on
 //! AMX-BF16 tiles and decodes with the best W4A16 decode the CPU has (`direct_dequant: false` keeps the
-//! split-halves prefill). Automatically, W4A8 is chosen for GPTQ checkpoints only (integer zero points,
-//! quantized for int8 activations); an unquantized or `cpu_int4` checkpoint stays on W4A16, whose bf16
-//! activations keep more of the model (docs/policy.md). Forced (`--path w4a8`), W4A8 takes any
-//! checkpoint: float zeros run as the kernels' float offsets, and an unquantized checkpoint is quantized
-//! at load on the same float-zero grid as W4A16.
+//! split-halves prefill).
+//!
+//! The W4A8 rule (`w4a8_gate`): speed priority takes W4A8 only where it keeps the model as well as W4A16
+//! at the same grid and head (mean KL from the unquantized model within 10%), decided statically from the
+//! grid: per-group activation scales at any group, per-token ones only from group 128 up, and never for a
+//! checkpoint quantized at load at group 32 with an 8-bit head, where W4A16 keeps nearly all of the model
+//! and int8 activations would be most of the error. docs/policy.md has the measurements. Forced
+//! (`--path w4a8`), W4A8 takes any checkpoint: float zeros run as the kernels' float offsets, and an
+//! unquantized checkpoint is quantized at load on the same float-zero grid as W4A16.
 
 use int4_kernels::KernelId;
 use int4_kernels::choice::{KernelChoice, LayerSpec, choose};
 use int4_kernels::isa::{IsaCaps, IsaLevel};
+use int4_kernels::w4a8::ActivationScales;
+use int4_layout::GroupSize;
 use int4_layout::tinygemm::TinygemmBlock;
 use serde::{Deserialize, Serialize};
 
@@ -51,8 +57,34 @@ impl CheckpointKind {
     pub const ALL: [CheckpointKind; 4] =
         [CheckpointKind::Bf16, CheckpointKind::CpuInt4, CheckpointKind::GptqSym, CheckpointKind::GptqAsym];
 
-    fn integer_zeros(self) -> bool {
-        matches!(self, CheckpointKind::GptqSym | CheckpointKind::GptqAsym)
+    /// Whether the weights arrive unquantized and are quantized at load on the runtime's grid.
+    pub fn quantized_at_load(self) -> bool {
+        self == CheckpointKind::Bf16
+    }
+}
+
+/// How many bits the packed paths give a head the checkpoint stores unquantized (a head a quantized
+/// checkpoint stores runs as stored, and the policy is told the bits it is stored in).
+/// The default, 8 bits, is measured in docs/quantize.md: on the default model the 4-bit head is most of
+/// what separates a 4-bit run from the f32 one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadBits {
+    /// 4 bits, like every other linear layer: the smallest and fastest.
+    Four,
+    /// 8 bits (llama.cpp's Q8_0 grid; for a tied head, the embedding too). Costs one byte per weight,
+    /// which on a small model with a large vocabulary is a sizeable share of a decode step's reads.
+    #[default]
+    Eight,
+}
+
+impl HeadBits {
+    /// The number of bits.
+    pub fn bits(self) -> u32 {
+        match self {
+            HeadBits::Four => 4,
+            HeadBits::Eight => 8,
+        }
     }
 }
 
@@ -135,8 +167,9 @@ impl std::str::FromStr for RunPath {
     }
 }
 
-/// User and checkpoint overrides. Precedence for `dequant_threshold` and `direct_dequant`: the checkpoint's
-/// key, then the plan's measured value, then the crate default.
+/// User and checkpoint overrides, and the grid the load will run the 4-bit layers on (what the W4A8 rule
+/// reads). Precedence for `dequant_threshold` and `direct_dequant`: the checkpoint's key, then the plan's
+/// measured value, then the crate default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     /// A forced path.
@@ -147,11 +180,27 @@ pub struct Overrides {
     pub dequant_threshold: Option<usize>,
     /// The checkpoint's `direct_dequant`, if it has one.
     pub direct_dequant: Option<bool>,
+    /// Input channels per scale and zero: the checkpoint's, or the load's for an unquantized checkpoint.
+    pub group: GroupSize,
+    /// The head's bits as it will run: as stored where the checkpoint quantized it, else the load's.
+    pub head_bits: HeadBits,
+    /// How finely W4A8 would scale the activations.
+    pub activation_scales: ActivationScales,
 }
 
 impl Default for Overrides {
+    /// No override, under no cap, on the runtime's load defaults (group 32, an 8-bit head, per-group
+    /// activation scales).
     fn default() -> Self {
-        Overrides { path: RunPath::Auto, caps: IsaCaps::unrestricted(), dequant_threshold: None, direct_dequant: None }
+        Overrides {
+            path: RunPath::Auto,
+            caps: IsaCaps::unrestricted(),
+            dequant_threshold: None,
+            direct_dequant: None,
+            group: GroupSize::G32,
+            head_bits: HeadBits::Eight,
+            activation_scales: ActivationScales::PerGroup,
+        }
     }
 }
 
@@ -324,8 +373,8 @@ enum Family {
 
 struct Step {
     rung: Rung,
-    /// `Err(reason)` when this machine/checkpoint/priority rules the rung out.
-    check: fn(&CpuSnapshot, CheckpointKind, Priority) -> Result<(), String>,
+    /// `Err(reason)` when this machine, or (for a W4A8 rung) the W4A8 rule's verdict, rules the rung out.
+    check: fn(&CpuSnapshot, &Result<(), String>) -> Result<(), String>,
     level: IsaLevel,
     family: Family,
     /// Taken only when its path is forced: the portable kernels of a SIMD layout, so `--path w4a16|w4a8`
@@ -395,20 +444,28 @@ fn avx512_reason(s: &CpuSnapshot) -> Result<(), String> {
     Ok(())
 }
 
-fn w4a8_gate(kind: CheckpointKind, prio: Priority) -> Result<(), String> {
+/// Whether speed priority takes W4A8 for this checkpoint and grid: only where it keeps the model as well as
+/// W4A16 does, "as well" meaning a mean KL from the unquantized model on the committed eval text within
+/// 10% of W4A16's at the same group and head. The rule is static, a function of the grid alone; the
+/// measurements behind each branch are in docs/policy.md ("W4A8 by evidence"). Float and integer zeros
+/// measured alike (both run exactly on the W4A8 kernels), so the zero type does not enter.
+fn w4a8_gate(kind: CheckpointKind, prio: Priority, o: &Overrides) -> Result<(), String> {
     if prio == Priority::Fidelity {
         return Err("priority is fidelity: int8 activations cost accuracy".into());
     }
-    if !kind.integer_zeros() {
-        return Err(match kind {
-            CheckpointKind::CpuInt4 => {
-                "cpu_int4 is a W4A16 export, kept on W4A16 unless forced (`--path w4a8` runs its float zeros as offsets)"
-                    .into()
-            }
-            _ => "an unquantized checkpoint is quantized at load for W4A16 unless W4A8 is forced (`--path w4a8`): \
-                  W4A8 is taken automatically only for checkpoints quantized with integer zero points (GPTQ)"
-                .into(),
-        });
+    let group = o.group.to_checkpoint();
+    let coarse = matches!(o.group, GroupSize::G128 | GroupSize::G256 | GroupSize::PerChannel);
+    if o.activation_scales == ActivationScales::PerToken && !coarse {
+        return Err(format!(
+            "per-token activation scales at group {group} move W4A8 11-54% further from the model than W4A16 \
+             (docs/policy.md); per-group scales, the default, keep it within 4%"
+        ));
+    }
+    if kind.quantized_at_load() && o.group == GroupSize::G32 && o.head_bits == HeadBits::Eight {
+        return Err("quantized at load at group 32 with an 8-bit head, W4A16 keeps nearly all of the model and \
+                    int8 activations would be most of the error (W4A8's KL 32x W4A16's, docs/policy.md); \
+                    --group 64 or coarser, or --head-bits 4, takes W4A8; --path w4a8 forces it"
+            .into());
     }
     Ok(())
 }
@@ -426,8 +483,8 @@ fn avx2_reason(s: &CpuSnapshot) -> Result<(), String> {
 const LADDER: [Step; 9] = [
     Step {
         rung: Rung::W4a8Amx,
-        check: |s, k, p| {
-            w4a8_gate(k, p)?;
+        check: |s, w4a8| {
+            w4a8.clone()?;
             amx_reason(s, true)?;
             if !s.cpu.avx512vnni { Err("CPU lacks AVX-512 VNNI for the decode kernel".into()) } else { Ok(()) }
         },
@@ -437,15 +494,15 @@ const LADDER: [Step; 9] = [
     },
     Step {
         rung: Rung::W4a16AmxBf16,
-        check: |s, _, _| amx_reason(s, false),
+        check: |s, _| amx_reason(s, false),
         level: IsaLevel::Amx,
         family: Family::W4a16(TinygemmBlock::N64),
         forced_only: false,
     },
     Step {
         rung: Rung::W4a8Vnni,
-        check: |s, k, p| {
-            w4a8_gate(k, p)?;
+        check: |s, w4a8| {
+            w4a8.clone()?;
             avx512_reason(s)?;
             if !s.cpu.avx512vnni { Err("CPU lacks AVX-512 VNNI".into()) } else { Ok(()) }
         },
@@ -455,15 +512,15 @@ const LADDER: [Step; 9] = [
     },
     Step {
         rung: Rung::W4a16Avx512,
-        check: |s, _, _| avx512_reason(s),
+        check: |s, _| avx512_reason(s),
         level: IsaLevel::Avx512,
         family: Family::W4a16(TinygemmBlock::N64),
         forced_only: false,
     },
     Step {
         rung: Rung::W4a8Avx2,
-        check: |s, k, p| {
-            w4a8_gate(k, p)?;
+        check: |s, w4a8| {
+            w4a8.clone()?;
             avx2_reason(s)
         },
         level: IsaLevel::Avx2,
@@ -472,28 +529,28 @@ const LADDER: [Step; 9] = [
     },
     Step {
         rung: Rung::W4a16Avx2,
-        check: |s, _, _| avx2_reason(s),
+        check: |s, _| avx2_reason(s),
         level: IsaLevel::Avx2,
         family: Family::W4a16(TinygemmBlock::N32),
         forced_only: false,
     },
     Step {
         rung: Rung::W4a8Portable,
-        check: |_, k, p| w4a8_gate(k, p),
+        check: |_, w4a8| w4a8.clone(),
         level: IsaLevel::Portable,
         family: Family::W4a8,
         forced_only: true,
     },
     Step {
         rung: Rung::W4a16Portable,
-        check: |_, _, _| Ok(()),
+        check: |_, _| Ok(()),
         level: IsaLevel::Portable,
         family: Family::W4a16(TinygemmBlock::N32),
         forced_only: true,
     },
     Step {
         rung: Rung::Wna16Portable,
-        check: |_, _, _| Ok(()),
+        check: |_, _| Ok(()),
         level: IsaLevel::Portable,
         family: Family::Wna16,
         forced_only: false,
@@ -508,6 +565,10 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
     // What the kernels may use: the snapshot's features that the caps allow.
     let features = s.features().allowed_by(&o.caps);
     let mut rejected = Vec::new();
+    // Forcing W4A8 overrides the priority and the rule, and takes any checkpoint: float zeros (cpu_int4,
+    // GGUF Q4_1, or an unquantized checkpoint quantized at load on the float-zero grid) run as the
+    // kernels' float offsets.
+    let w4a8 = if o.path == RunPath::W4a8 { Ok(()) } else { w4a8_gate(kind, priority, o) };
 
     if o.path.is_exact() {
         let (rung, layout, bf16) = match o.path {
@@ -536,17 +597,8 @@ pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overr
         if forced_out {
             continue;
         }
-        // Forcing W4A8 overrides the priority and takes any checkpoint: float zeros (cpu_int4, or an
-        // unquantized checkpoint quantized at load on the float-zero grid) run as the kernels' float offsets.
-        let (kind, priority) = match (o.path, kind) {
-            (RunPath::W4a8, CheckpointKind::Bf16 | CheckpointKind::CpuInt4) => {
-                (CheckpointKind::GptqAsym, Priority::Speed)
-            }
-            (RunPath::W4a8, _) => (kind, Priority::Speed),
-            _ => (kind, priority),
-        };
         let choice = choose(features.capped(step.level), step.spec(direct, threshold));
-        let why = if let Err(why) = (step.check)(s, kind, priority) {
+        let why = if let Err(why) = (step.check)(s, &w4a8) {
             Some(why)
         } else if step.level > o.caps.max_level() {
             Some(format!("capped by INT4_ISA={}", o.caps.max_level().name()))

@@ -91,20 +91,7 @@ pub enum Numerics {
     },
 }
 
-/// How many bits the packed paths give a head the checkpoint stores unquantized (a head a quantized
-/// checkpoint stores runs as stored).
-/// The default, 8 bits, is measured in docs/quantize.md: on the default model the 4-bit head is most of
-/// what separates a 4-bit run from the f32 one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum HeadBits {
-    /// 4 bits, like every other linear layer: the smallest and fastest.
-    Four,
-    /// 8 bits ([`Numerics::W8a16`] on W4A16, [`Numerics::W8a8`] on W4A8): for a tied head, the embedding
-    /// too. Costs one byte per weight, which on a small model with a large vocabulary is a sizeable share
-    /// of a decode step's reads.
-    #[default]
-    Eight,
-}
+pub use int4_select::policy::HeadBits;
 
 /// The group of [`Numerics::W8a8`] weights.
 pub const INT8_GROUP: GroupSize = GroupSize::G32;

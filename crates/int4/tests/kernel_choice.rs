@@ -96,3 +96,39 @@ fn every_layer_runs_the_kernels_its_plan_names_at_every_isa_level() {
     }
     assert!(checked >= offered.len() * 7 * 9, "only {checked} layers checked");
 }
+
+/// The grid a load will run reaches the policy's W4A8 rule (docs/policy.md, "W4A8 by evidence"): an
+/// unquantized checkpoint at the load defaults (group 32, an 8-bit head) stays on W4A16 under speed
+/// priority; a coarser group or a 4-bit head takes W4A8, and per-token activation scales do so only from
+/// group 128 up. Checked at the AVX2 level (where both families have a rung every x86-64 CI machine runs),
+/// or, where the process caps allow no SIMD, on the portable fallback that both then share.
+#[test]
+fn the_load_grid_reaches_the_w4a8_rule() {
+    use int4::HeadBits;
+    use int4::kernels::w4a8::ActivationScales;
+    use int4::layout::GroupSize;
+    use int4::select::Rung;
+    let dir = tiny_model("w4a8-rule");
+    let caps = IsaCaps::process().with_max_level(IsaLevel::Avx2.min(IsaCaps::process().max_level()));
+    let simd = FeatureSet::live(&caps).has(Feature::Avx2) && FeatureSet::live(&caps).has(Feature::Fma);
+    let base = LoadOptions { caps, cache: None, context: 64, ..LoadOptions::default() };
+    for (group_size, head_bits, activation_scales, w4a8) in [
+        (GroupSize::G32, HeadBits::Eight, ActivationScales::PerGroup, false),
+        (GroupSize::G32, HeadBits::Four, ActivationScales::PerGroup, true),
+        (GroupSize::G64, HeadBits::Eight, ActivationScales::PerGroup, true),
+        (GroupSize::G64, HeadBits::Four, ActivationScales::PerToken, false),
+        (GroupSize::G128, HeadBits::Eight, ActivationScales::PerToken, true),
+    ] {
+        let opts = LoadOptions { group_size, head_bits, activation_scales, ..base.clone() };
+        let plan = Engine::describe(&dir, &opts).unwrap().plan;
+        let expected = match (simd, w4a8) {
+            (false, _) => Rung::Wna16Portable,
+            (true, true) => Rung::W4a8Avx2,
+            (true, false) => Rung::W4a16Avx2,
+        };
+        assert_eq!(plan.path, expected, "{group_size:?} {head_bits:?} {activation_scales:?}: {:?}", plan.rejected);
+        // And a load runs what was described.
+        let engine = Engine::load(&dir, &opts).unwrap();
+        assert_eq!(engine.plan.path, expected);
+    }
+}
