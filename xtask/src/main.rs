@@ -270,7 +270,7 @@ fn bench(quick: bool) -> Result<()> {
     let serve_args: &[&str] = if quick {
         &["--levels", "1,4", "--requests", "4", "--max-tokens", "16", "--rounds", "1"]
     } else {
-        &["--paths", "auto,w4a8", "--rounds", "3"]
+        &["--paths", "auto,w4a16", "--rounds", "3"]
     };
     run("target/release/serve-bench", &[serve_args, &["--json", "target/bench/serve.json"]].concat(), &[])?;
     // Load time and memory through the artifact cache: cold, warm and uncached, each in a fresh process.

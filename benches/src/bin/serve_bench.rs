@@ -23,7 +23,7 @@
 //! prompt, max tokens and 16 more)>` on the GGUF file the model directory holds (`--gguf` to name another).
 //! Without it only int4 is measured.
 //!
-//! Usage: `serve-bench [--model DIR] [--paths auto,w4a8] [--levels 1,4,16] [--requests 64]
+//! Usage: `serve-bench [--model DIR] [--paths auto,w4a16] [--levels 1,4,16] [--requests 64]
 //! [--max-tokens 128] [--rounds 3] [--threads N] [--llama-server PATH] [--gguf FILE] [--json FILE]`.
 
 use std::io::{BufRead, BufReader};
