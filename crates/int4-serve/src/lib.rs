@@ -21,7 +21,7 @@ pub mod scheduler;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -335,6 +335,8 @@ async fn handle(st: Arc<AppState>, endpoint: Endpoint, headers: &HeaderMap, body
 }
 
 async fn submit(st: &Arc<AppState>, endpoint: Endpoint, body: &[u8]) -> Result<Response, ApiError> {
+    // The time to first token counts from here: preparing the prompt (template, tokenizer) is part of it.
+    let received = Instant::now();
     let parsed = api::parse(endpoint, body)?;
     if parsed.model != st.opts.model_name {
         return Err(ApiError {
@@ -377,12 +379,19 @@ async fn submit(st: &Arc<AppState>, endpoint: Endpoint, body: &[u8]) -> Result<R
             code: None,
         });
     }
-    let received = Instant::now();
+    let request_answered = Arc::new(AtomicBool::new(false));
     let mut receivers = Vec::new();
     for p in prepared {
         let (tx, rx) = unbounded_channel();
         st.shared.queued.fetch_add(1, Ordering::SeqCst);
-        let job = Job { request: p.request, prompt_len: p.prompt_len, positions: p.positions, updates: tx, received };
+        let job = Job {
+            request: p.request,
+            prompt_len: p.prompt_len,
+            positions: p.positions,
+            updates: tx,
+            received,
+            request_answered: request_answered.clone(),
+        };
         let sent = st.commands.lock().map(|c| c.send(Command::Run(Box::new(job))).is_ok()).unwrap_or(false);
         if !sent {
             st.shared.queued.fetch_sub(1, Ordering::SeqCst);

@@ -44,6 +44,9 @@ pub struct Job {
     pub updates: UnboundedSender<Update>,
     /// When the HTTP side received it.
     pub received: Instant,
+    /// Set by the first token of any of its request's choices: the time to first token is observed once
+    /// per request, not once per choice (`n`).
+    pub request_answered: Arc<AtomicBool>,
 }
 
 /// What a sequence tells its request.
@@ -93,6 +96,7 @@ struct Running<'e> {
     next: Option<u32>,
     updates: UnboundedSender<Update>,
     received: Instant,
+    request_answered: Arc<AtomicBool>,
     last_token: Option<Instant>,
     bytes: usize,
 }
@@ -181,6 +185,7 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
                         next: None,
                         updates: job.updates,
                         received: job.received,
+                        request_answered: job.request_answered,
                         last_token: None,
                         bytes,
                     });
@@ -264,7 +269,10 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
                 Ok(Some(event)) => {
                     let now = Instant::now();
                     match r.last_token {
-                        None => metrics.observe_ttft(now - r.received),
+                        None if !r.request_answered.swap(true, Ordering::Relaxed) => {
+                            metrics.observe_ttft(now - r.received)
+                        }
+                        None => {}
                         Some(prev) => metrics.observe_itl(now - prev),
                     }
                     r.last_token = Some(now);

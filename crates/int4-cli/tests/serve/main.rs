@@ -1,7 +1,8 @@
 //! `int4 serve` over loopback, started and stopped by each test: the real `openai` Python client (from
 //! PyPI, in a virtualenv this suite makes under the target directory) for chat and completions, a killed
 //! server mid-stream, sixteen concurrent greedy requests against each alone on every path, the queue's
-//! 429, a client that leaves, and SIGTERM with and without time to finish.
+//! 429, a client that leaves, SIGTERM with and without time to finish, and the time to first token counted
+//! once per request.
 //!
 //! Without the default model the tests that need it fail under `CI=true` (CI fetches it first) and report a
 //! skip otherwise; without Python or PyPI the client tests fail.
@@ -423,4 +424,33 @@ fn a_short_prompt_is_not_kept_waiting_behind_a_long_one() {
     let short = std::thread::spawn(first_event(short));
     let (long, short) = (long.join().unwrap(), short.join().unwrap());
     assert!(short < long, "the short prompt's first token came {:?} after the long one's", short - long);
+}
+
+/// The time-to-first-token histogram counts requests: a completions request with three prompts (three
+/// choices, three sequences) is one observation, while every choice's tokens are counted.
+#[test]
+fn time_to_first_token_is_observed_once_per_request() {
+    let tiny = int4_test_support::tiny_model("serve-ttft");
+    let server = Server::start(&tiny, &[]);
+    let metric = |name: &str| -> f64 {
+        let text = server.get("/metrics");
+        let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
+        line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+            panic!("no {name} in /metrics:\n{text}");
+        })
+    };
+    let body = json!({
+        "model": MODEL, "prompt": [[5, 6, 7], [8, 9, 10, 11], [12]], "max_tokens": 4, "temperature": 0,
+        "ignore_eos": true,
+    });
+    let (status, v, _) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(3), "{v}");
+    assert_eq!(metric("int4_time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(metric("int4_generation_tokens_total"), 12.0);
+    // Each sequence's later tokens are inter-token latencies: three per choice.
+    assert_eq!(metric("int4_inter_token_latency_seconds_count"), 9.0);
+    let (status, v, _) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(metric("int4_time_to_first_token_seconds_count"), 2.0);
 }
