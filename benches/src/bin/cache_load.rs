@@ -17,12 +17,14 @@ use int4_cache::store::{ArtifactStore, Lookup};
 use int4_layout::GroupSize;
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric};
 use int4_layout::tinygemm::{self, TinygemmBlock};
-use int4_select::policy::{CheckpointKind, Overrides, Priority, plan};
+use int4_select::policy::{CheckpointKind, Overrides, Priority, RunPath, plan};
 use rayon::prelude::*;
 
 fn key_for(model: &ModelShape) -> ArtifactKey {
     let snap = int4_select::probe::live();
-    let p = plan(&snap, CheckpointKind::Bf16, Priority::Speed, &Overrides::default()).expect("a plan");
+    // The W4A16 plan for the grid this bench packs (tinygemm, group 128).
+    let o = Overrides { path: RunPath::W4a16, group: GroupSize::G128, ..Overrides::default() };
+    let p = plan(&snap, CheckpointKind::Bf16, Priority::Speed, &o).expect("a plan");
     let source = SourceIdentity {
         files: vec![SourceFile {
             name: format!("{}-synthetic-seed-1", model.name),

@@ -18,7 +18,8 @@ pub(crate) fn path_parser() -> impl clap::builder::TypedValueParser<Value = RunP
 #[derive(clap::Args)]
 pub(crate) struct QuantArgs {
     /// Input channels per scale and zero when quantizing at load: 32, 64, 128 or 256 (default: the
-    /// runtime's, which docs/quantize.md measures).
+    /// runtime's, which docs/quantize.md measures). With speed priority the grid also decides whether
+    /// `--path auto` takes W4A8 (docs/policy.md).
     #[arg(long, alias = "group-size")]
     pub(crate) group: Option<i64>,
     /// Bits for a head the checkpoint stores unquantized: 4, or 8 (llama.cpp's Q8_0 grid, groups of 32; a
@@ -33,12 +34,9 @@ impl QuantArgs {
         if let Some(g) = self.group {
             opts.group_size = GroupSize::from_checkpoint(g).map_err(|e| format!("--group {g}: {e}"))?;
         }
-        opts.head_bits = match self.head_bits {
-            None => opts.head_bits,
-            Some(4) => HeadBits::Four,
-            Some(8) => HeadBits::Eight,
-            Some(b) => return Err(format!("--head-bits {b}: 4 or 8")),
-        };
+        if let Some(b) = self.head_bits {
+            opts.head_bits = HeadBits::from_bits(b.into()).ok_or_else(|| format!("--head-bits {b}: 4 or 8"))?;
+        }
         Ok(())
     }
 }

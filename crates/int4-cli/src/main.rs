@@ -149,7 +149,7 @@ struct QuantizeArgs {
     /// GGUF, or a repo id in the Hugging Face cache.
     #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
     model: String,
-    /// cpu_int4 (W4A16: float zeros) or gptq (W4A8 and W4A16: integer zero points).
+    /// cpu_int4 (float zeros) or gptq (integer zero points); both run on W4A16 and W4A8.
     #[arg(long, value_enum)]
     format: FormatArg,
     /// Input channels per scale and zero: 32, 64, 128, 256, or -1 for one group per row.
@@ -240,6 +240,9 @@ struct InfoArgs {
     /// Which numerics to describe the plan for.
     #[arg(long, default_value = "auto", value_parser = path_parser())]
     path: RunPath,
+    /// Speed or fidelity (decides, for --path auto, whether int8 activations are acceptable).
+    #[arg(long, default_value = "speed")]
+    priority: String,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -512,7 +515,7 @@ fn packed_from(e: &Engine) -> String {
 }
 
 fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut opts = load_options(a.path, Priority::Speed, 64, a.no_cache)?;
+    let mut opts = load_options(a.path, priority(&a.priority)?, 64, a.no_cache)?;
     a.quant.apply(&mut opts)?;
     let dir = int4::resolve_model(&a.model)?;
     let info = Engine::describe(&dir, &opts)?;

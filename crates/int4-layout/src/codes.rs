@@ -13,11 +13,11 @@ use crate::error::{LayoutErrorKind, Result, err};
 /// has four full groups and one of 64); there are `ceil(K / g)` groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GroupSize {
-    /// 32 input channels per group.
+    /// 32 input channels per group (llama.cpp's Q4 blocks; the runtime's default at load).
     G32,
     /// 64 input channels per group.
     G64,
-    /// 128 input channels per group (this project's default).
+    /// 128 input channels per group (GPTQ's usual export).
     G128,
     /// 256 input channels per group.
     G256,

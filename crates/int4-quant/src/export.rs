@@ -5,13 +5,14 @@
 //! stays four to eight times larger than the model needs. An exported checkpoint is quantized once, with
 //! scale search, into one of the two formats the runtime reads as they are ([`int4::QuantFormat`]):
 //!
-//! * **`cpu_int4`** (W4A16): per linear `<p>`, `<p>.weight_packed` u8 `[N][K/2]` (low nibble = even k),
+//! * **`cpu_int4`**: per linear `<p>`, `<p>.weight_packed` u8 `[N][K/2]` (low nibble = even k),
 //!   `<p>.weight_scale` and `<p>.weight_zero` f32 `[N][G]`, on the asymmetric min/max grid with a float zero
 //!   (tinygemm's convention, `w = (q − 8)·s + z`). Stored in f32, so the parameters the search chose are
 //!   the parameters the kernels use.
-//! * **GPTQ** (W4A8 and W4A16): `<p>.qweight` i32 `[K/8][N]`, `<p>.qzeros` i32 `[G][N/8]`, `<p>.scales` f16
-//!   `[G][N]` and `<p>.g_idx` i32 `[K]` (no act-order: `k / g`). Integer zero points are what the W4A8
-//!   kernels need. Symmetric exports are `checkpoint_format: "gptq"` (v1, which stores zero − 1: every
+//! * **GPTQ**: `<p>.qweight` i32 `[K/8][N]`, `<p>.qzeros` i32 `[G][N/8]`, `<p>.scales` f16 `[G][N]` and
+//!   `<p>.g_idx` i32 `[K]` (no act-order: `k / g`). Integer zero points, which the W4A8 kernels take as
+//!   they are (float zeros they run as per-group offsets). Symmetric exports are
+//!   `checkpoint_format: "gptq"` (v1, which stores zero − 1: every
 //!   nibble is 7, read as 8); an upstream tool wrote 8s labelled v1, which a v1 reader takes as 9, and this
 //!   writer does not. Asymmetric exports are `"gptq_v2"` (zero stored as is), because v1 cannot store a zero
 //!   point of 0 and the integer-zero grid produces them.
@@ -67,9 +68,9 @@ use crate::gptq_method::{
 /// The on-disk format to write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExportFormat {
-    /// `cpu_int4`: row-major nibbles, f32 scales and float zeros (W4A16).
+    /// `cpu_int4`: row-major nibbles, f32 scales and float zeros.
     CpuInt4,
-    /// GPTQ: `qweight`/`qzeros`/`scales`/`g_idx` with integer zero points (W4A8 and W4A16).
+    /// GPTQ: `qweight`/`qzeros`/`scales`/`g_idx` with integer zero points.
     Gptq,
 }
 

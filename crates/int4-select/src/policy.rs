@@ -42,7 +42,8 @@ use crate::snapshot::{AmxPermission, CpuSnapshot};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckpointKind {
-    /// Unquantized (bf16/f16/f32); quantized to W4A16 at load unless the bf16 path is asked for.
+    /// Unquantized (bf16/f16/f32): quantized at load on the runtime's grid (`Overrides::group`,
+    /// `Overrides::head_bits`) for the path the plan takes, or run as it is on the bf16 and f32 paths.
     Bf16,
     /// `cpu_int4`: float scales and zeros.
     CpuInt4,
@@ -67,8 +68,7 @@ impl CheckpointKind {
 /// checkpoint stores runs as stored, and the policy is told the bits it is stored in).
 /// The default, 8 bits, is measured in docs/quantize.md: on the default model the 4-bit head is most of
 /// what separates a 4-bit run from the f32 one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum HeadBits {
     /// 4 bits, like every other linear layer: the smallest and fastest.
     Four,
@@ -84,6 +84,15 @@ impl HeadBits {
         match self {
             HeadBits::Four => 4,
             HeadBits::Eight => 8,
+        }
+    }
+
+    /// 4 or 8 bits; `None` for any other count.
+    pub fn from_bits(bits: u32) -> Option<Self> {
+        match bits {
+            4 => Some(HeadBits::Four),
+            8 => Some(HeadBits::Eight),
+            _ => None,
         }
     }
 }
@@ -182,7 +191,8 @@ pub struct Overrides {
     pub direct_dequant: Option<bool>,
     /// Input channels per scale and zero: the checkpoint's, or the load's for an unquantized checkpoint.
     pub group: GroupSize,
-    /// The head's bits as it will run: as stored where the checkpoint quantized it, else the load's.
+    /// The bits a head the checkpoint stores unquantized is quantized to at load (the rule reads it only
+    /// for checkpoints quantized at load; a quantized checkpoint's head runs as stored).
     pub head_bits: HeadBits,
     /// How finely W4A8 would scale the activations.
     pub activation_scales: ActivationScales,
@@ -453,19 +463,19 @@ fn w4a8_gate(kind: CheckpointKind, prio: Priority, o: &Overrides) -> Result<(), 
     if prio == Priority::Fidelity {
         return Err("priority is fidelity: int8 activations cost accuracy".into());
     }
-    let group = o.group.to_checkpoint();
+    if kind.quantized_at_load() && o.group == GroupSize::G32 && o.head_bits == HeadBits::Eight {
+        return Err("quantized at load at group 32 with an 8-bit head, W4A16 keeps nearly all of the model and \
+                    int8 activations would be most of the error (on the default model W4A8's KL is 32x W4A16's, \
+                    docs/policy.md); --path w4a8 forces it"
+            .into());
+    }
     let coarse = matches!(o.group, GroupSize::G128 | GroupSize::G256 | GroupSize::PerChannel);
     if o.activation_scales == ActivationScales::PerToken && !coarse {
         return Err(format!(
-            "per-token activation scales at group {group} move W4A8 11-54% further from the model than W4A16 \
-             (docs/policy.md); per-group scales, the default, keep it within 4%"
+            "per-token activation scales at group {} move W4A8 11-54% further from the model than W4A16 \
+             (docs/policy.md); per-group scales, the default, stay within 5%",
+            o.group.to_checkpoint()
         ));
-    }
-    if kind.quantized_at_load() && o.group == GroupSize::G32 && o.head_bits == HeadBits::Eight {
-        return Err("quantized at load at group 32 with an 8-bit head, W4A16 keeps nearly all of the model and \
-                    int8 activations would be most of the error (W4A8's KL 32x W4A16's, docs/policy.md); \
-                    --group 64 or coarser, or --head-bits 4, takes W4A8; --path w4a8 forces it"
-            .into());
     }
     Ok(())
 }
@@ -557,7 +567,8 @@ const LADDER: [Step; 9] = [
     },
 ];
 
-/// The plan for this machine, checkpoint and priority.
+/// The plan for this machine, checkpoint and priority, under the overrides' caps and forced path and for
+/// the grid they name (which W4A8's rule reads: `Overrides::default()` is the runtime's load defaults).
 pub fn plan(s: &CpuSnapshot, kind: CheckpointKind, priority: Priority, o: &Overrides) -> Result<Plan, PolicyError> {
     let default_threshold = int4_kernels::w4a16::DEFAULT_DEQUANT_THRESHOLD;
     let threshold = o.dequant_threshold.unwrap_or(default_threshold);

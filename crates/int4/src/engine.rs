@@ -174,9 +174,8 @@ impl Engine {
         let format = QuantFormat::from_config(&quantization)?;
         let kind = format.as_ref().map_or(CheckpointKind::Bf16, QuantFormat::checkpoint_kind);
         let group = format.as_ref().map_or(opts.group_size, QuantFormat::group);
+        let (numerics, plan) = numerics_for(opts, kind, group)?;
         let ckpt = Checkpoint::open_in(&model_dir)?;
-        let head = head_bits_as_run(&cfg, &ckpt, format.as_ref(), opts.head_bits);
-        let (numerics, plan) = numerics_for(opts, kind, group, head)?;
         warnings.extend(Model::load_notes(&cfg, &ckpt, numerics, format.as_ref()));
         let (model, packed_from) = match &opts.cache {
             Some(store) if numerics.is_packed() => {
@@ -464,9 +463,8 @@ impl Engine {
         let format = QuantFormat::from_config(&quantization)?;
         let kind = format.as_ref().map_or(CheckpointKind::Bf16, QuantFormat::checkpoint_kind);
         let group = format.as_ref().map_or(opts.group_size, QuantFormat::group);
+        let (numerics, plan) = numerics_for(opts, kind, group)?;
         let ckpt = Checkpoint::open_in(&model_dir)?;
-        let head = head_bits_as_run(&cfg, &ckpt, format.as_ref(), opts.head_bits);
-        let (numerics, plan) = numerics_for(opts, kind, group, head)?;
         let mut dtypes = std::collections::BTreeMap::new();
         for (_, d) in ckpt.tensors() {
             *dtypes.entry(d).or_insert(0) += 1;
@@ -549,7 +547,7 @@ impl Engine {
             layers,
             load_quantization: serde_json::json!({
                 "group": group.to_checkpoint(),
-                "head_bits": if opts.head_bits == HeadBits::Eight { 8 } else { 4 },
+                "head_bits": opts.head_bits.bits(),
             }),
             gguf_q4_1,
             plan,
@@ -559,36 +557,17 @@ impl Engine {
     }
 }
 
-/// The bits the head will run in, which the W4A8 rule reads: as stored where the checkpoint quantized it
-/// (a GGUF head stored in more than 4 bits runs on the 8-bit kernels), else the load's `head_bits`.
-fn head_bits_as_run(cfg: &ModelConfig, ckpt: &Checkpoint, format: Option<&QuantFormat>, load: HeadBits) -> HeadBits {
-    let specs = linear_specs(cfg, ckpt);
-    let Some(head) = specs.iter().find(|s| s.name == "lm_head") else { return load };
-    if head.stored_in_eight_bits(ckpt, format) {
-        HeadBits::Eight
-    } else if format.is_some_and(|f| head.quantized_in(ckpt, f)) {
-        HeadBits::Four
-    } else {
-        load
-    }
-}
-
 /// The numerics for a load: the policy's plan for this machine under the load's caps and grid, and its
 /// kernels bound to this process (an error, naming the kernel and what is missing, when a CPU profile
 /// promised more than this CPU has).
-fn numerics_for(
-    opts: &LoadOptions,
-    kind: CheckpointKind,
-    group: GroupSize,
-    head_bits: HeadBits,
-) -> Result<(Numerics, Plan)> {
+fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> Result<(Numerics, Plan)> {
     let snap = int4_select::snapshot_for_policy().map_err(at("CPU profile"))?;
     let overrides = Overrides {
         path: opts.path,
         caps: opts.caps,
         direct_dequant: opts.direct_dequant,
         group,
-        head_bits,
+        head_bits: opts.head_bits,
         activation_scales: opts.activation_scales,
         ..Overrides::default()
     };

@@ -1472,6 +1472,11 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
         Invocation::new(&["info", &t, "--head-bits", "3"]),
         Expect::Error("--head-bits 3"),
     ));
+    cases.push(case(
+        "info-priority-bad",
+        Invocation::new(&["info", &t, "--priority", "fastest"]),
+        Expect::Error("--priority fastest: expected speed or fidelity"),
+    ));
     let mut head = Invocation::new(&["generate", &t, "w3", "--max-new-tokens", "100000", "--context", "200000"]);
     head.close_stdout_after = Some(4);
     cases.push(case("stdout-closed-pipe", head, Expect::Ok));
