@@ -336,8 +336,9 @@ fn read_quantization_config(model: &ModelDir, cfg: &ModelConfig) -> Result<Norma
 }
 
 /// A GGUF's quantization as the runtime records it: method `gguf`, group 32, the count of tensors per type,
-/// and whether any linear layer has float zeros (Q4_1). A GGUF with no block-quantized tensor is
-/// unquantized (`none`).
+/// whether any linear layer has float zeros (Q4_1), and whether a decoder layer's weight is stored
+/// unquantized (so quantized at load, which the policy's W4A8 rule reads). A GGUF with no block-quantized
+/// tensor is unquantized (`none`).
 fn gguf_quantization(gguf: &int4_gguf::GgufModel) -> NormalizedConfig {
     use int4_gguf::GgmlType;
     let mut types = std::collections::BTreeMap::new();
@@ -347,14 +348,22 @@ fn gguf_quantization(gguf: &int4_gguf::GgufModel) -> NormalizedConfig {
     let blocks = |t: GgmlType| crate::quantized::gguf_stored_bits(t).is_some() || crate::quantized::gguf_wide(t);
     let quantized = gguf.tensors().iter().any(|t| blocks(t.ggml_type));
     let float_zeros = gguf.tensors().iter().any(|t| matches!(t.ggml_type, GgmlType::Q4_1 | GgmlType::Q4_K));
+    let layers_at_load = gguf
+        .tensors()
+        .iter()
+        .any(|t| t.hf_name.starts_with("model.layers.") && t.shape.len() == 2 && !blocks(t.ggml_type));
     let fields = if !quantized {
         Vec::new()
     } else {
-        vec![
+        let mut f = vec![
             ("group_size".to_string(), serde_json::json!(32)),
             ("types".to_string(), serde_json::json!(types)),
             ("float_zeros".to_string(), serde_json::json!(float_zeros)),
-        ]
+        ];
+        if layers_at_load {
+            f.push(("layers_quantized_at_load".to_string(), serde_json::json!(true)));
+        }
+        f
     };
     NormalizedConfig {
         method: if quantized { "gguf" } else { "none" }.into(),

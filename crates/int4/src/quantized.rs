@@ -60,7 +60,8 @@ pub enum QuantFormat {
     },
     /// A GGUF's block-quantized tensors (group 32).
     Gguf {
-        /// How the policy sees it: float zeros (any Q4_1 layer) as `cpu_int4`, else symmetric.
+        /// How the policy sees it: quantized at load (`Bf16`) when a decoder layer is stored unquantized,
+        /// else float zeros (any Q4_1 layer) as `cpu_int4`, else symmetric.
         kind: CheckpointKind,
     },
 }
@@ -98,7 +99,15 @@ impl QuantFormat {
             }
             "gguf" => {
                 let float_zeros = field("float_zeros").as_bool().unwrap_or(false);
-                QuantFormat::Gguf { kind: if float_zeros { CheckpointKind::CpuInt4 } else { CheckpointKind::GptqSym } }
+                let kind = if field("layers_quantized_at_load").as_bool().unwrap_or(false) {
+                    // A decoder layer stored unquantized takes the load's 4-bit grid, as an unquantized checkpoint does.
+                    CheckpointKind::Bf16
+                } else if float_zeros {
+                    CheckpointKind::CpuInt4
+                } else {
+                    CheckpointKind::GptqSym
+                };
+                QuantFormat::Gguf { kind }
             }
             other => return Err(bad(format!("quant_method {other} is not supported"))),
         };
