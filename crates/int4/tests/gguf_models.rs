@@ -271,9 +271,8 @@ fn a_gguf_with_unquantized_layers_is_planned_as_quantized_at_load() {
     use int4::select::Rung;
     let dir = scratch("rule");
     let q4_0 = uniform(&dir, ty::Q4_0, true);
-    let f16_layers = tiny_llama(&dir, "tiny-f16-q8-head.gguf", false, |name| {
-        if name.contains("lm_head") { ty::Q8_0 } else { ty::F16 }
-    });
+    let head_only = |name: &str| if name.contains("lm_head") { ty::Q8_0 } else { ty::F16 };
+    let f16_layers = tiny_llama(&dir, "tiny-f16-q8-head.gguf", false, head_only);
     let caps = IsaCaps::process().with_max_level(IsaLevel::Avx2.min(IsaCaps::process().max_level()));
     let simd = FeatureSet::live(&caps).has(Feature::Avx2) && FeatureSet::live(&caps).has(Feature::Fma);
     let opts = LoadOptions { caps, cache: None, context: 64, ..LoadOptions::default() };
