@@ -51,12 +51,20 @@ pub enum CheckpointKind {
     GptqSym,
     /// GPTQ `sym: false` (integer zero points).
     GptqAsym,
+    /// Decoder layers all stored in more than 4 bits (a GGUF's Q8_0, Q5_0, Q6_K): they run on the 8-bit
+    /// kernels of the path taken.
+    EightBit,
 }
 
 impl CheckpointKind {
     /// Every kind, for tables.
-    pub const ALL: [CheckpointKind; 4] =
-        [CheckpointKind::Bf16, CheckpointKind::CpuInt4, CheckpointKind::GptqSym, CheckpointKind::GptqAsym];
+    pub const ALL: [CheckpointKind; 5] = [
+        CheckpointKind::Bf16,
+        CheckpointKind::CpuInt4,
+        CheckpointKind::GptqSym,
+        CheckpointKind::GptqAsym,
+        CheckpointKind::EightBit,
+    ];
 
     /// Whether the weights arrive unquantized and are quantized at load on the runtime's grid.
     pub fn quantized_at_load(self) -> bool {
@@ -462,6 +470,12 @@ fn avx512_reason(s: &CpuSnapshot) -> Result<(), String> {
 fn w4a8_gate(kind: CheckpointKind, prio: Priority, o: &Overrides) -> Result<(), String> {
     if prio == Priority::Fidelity {
         return Err("priority is fidelity: int8 activations cost accuracy".into());
+    }
+    if kind == CheckpointKind::EightBit {
+        return Err("its layers are stored in 8 bits, close enough to the model that int8 activations would be \
+                    most of the error (a Q8_0 file's KL from its original is 3.6x W4A16's, docs/policy.md); \
+                    --path w4a8 forces it"
+            .into());
     }
     if kind.quantized_at_load() && o.group == GroupSize::G32 && o.head_bits == HeadBits::Eight {
         return Err("quantized at load at group 32 with an 8-bit head, W4A16 keeps nearly all of the model and \

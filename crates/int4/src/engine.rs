@@ -337,7 +337,8 @@ fn read_quantization_config(model: &ModelDir, cfg: &ModelConfig) -> Result<Norma
 
 /// A GGUF's quantization as the runtime records it: method `gguf`, group 32, the count of tensors per type,
 /// whether any linear layer has float zeros (Q4_1), and whether a decoder layer's weight is stored
-/// unquantized (so quantized at load, which the policy's W4A8 rule reads). A GGUF with no block-quantized
+/// unquantized (so quantized at load) or every one in more than 4 bits (both read by the policy's W4A8
+/// rule). A GGUF with no block-quantized
 /// tensor is unquantized (`none`).
 fn gguf_quantization(gguf: &int4_gguf::GgufModel) -> NormalizedConfig {
     use int4_gguf::GgmlType;
@@ -348,10 +349,15 @@ fn gguf_quantization(gguf: &int4_gguf::GgufModel) -> NormalizedConfig {
     let blocks = |t: GgmlType| crate::quantized::gguf_stored_bits(t).is_some() || crate::quantized::gguf_wide(t);
     let quantized = gguf.tensors().iter().any(|t| blocks(t.ggml_type));
     let float_zeros = gguf.tensors().iter().any(|t| matches!(t.ggml_type, GgmlType::Q4_1 | GgmlType::Q4_K));
-    let layers_at_load = gguf
+    let layers: Vec<GgmlType> = gguf
         .tensors()
         .iter()
-        .any(|t| t.hf_name.starts_with("model.layers.") && t.shape.len() == 2 && !blocks(t.ggml_type));
+        .filter(|t| t.hf_name.starts_with("model.layers.") && t.shape.len() == 2)
+        .map(|t| t.ggml_type)
+        .collect();
+    let layers_at_load = layers.iter().any(|&t| !blocks(t));
+    let eight_bit = |t: GgmlType| crate::quantized::gguf_stored_bits(t) == Some(8) || crate::quantized::gguf_wide(t);
+    let layers_in_eight_bits = !layers.is_empty() && layers.iter().all(|&t| eight_bit(t));
     let fields = if !quantized {
         Vec::new()
     } else {
@@ -362,6 +368,8 @@ fn gguf_quantization(gguf: &int4_gguf::GgufModel) -> NormalizedConfig {
         ];
         if layers_at_load {
             f.push(("layers_quantized_at_load".to_string(), serde_json::json!(true)));
+        } else if layers_in_eight_bits {
+            f.push(("layers_in_eight_bits".to_string(), serde_json::json!(true)));
         }
         f
     };

@@ -61,7 +61,8 @@ pub enum QuantFormat {
     /// A GGUF's block-quantized tensors (group 32).
     Gguf {
         /// How the policy sees it: quantized at load (`Bf16`) when a decoder layer is stored unquantized,
-        /// else float zeros (any Q4_1 layer) as `cpu_int4`, else symmetric.
+        /// `EightBit` when every one is stored in more than 4 bits, else float zeros (any Q4_1 layer) as
+        /// `cpu_int4`, else symmetric.
         kind: CheckpointKind,
     },
 }
@@ -102,6 +103,8 @@ impl QuantFormat {
                 let kind = if field("layers_quantized_at_load").as_bool().unwrap_or(false) {
                     // A decoder layer stored unquantized takes the load's 4-bit grid, as an unquantized checkpoint does.
                     CheckpointKind::Bf16
+                } else if field("layers_in_eight_bits").as_bool().unwrap_or(false) {
+                    CheckpointKind::EightBit
                 } else if float_zeros {
                     CheckpointKind::CpuInt4
                 } else {

@@ -261,9 +261,10 @@ fn a_fused_layer_of_mixed_forms_is_held_at_eight_bits() {
 }
 
 /// What the W4A8 rule is told about a GGUF: a file whose decoder layers are 4-bit as stored is a quantized
-/// checkpoint (W4A8 with speed priority), while one whose layers are stored unquantized and only its head
+/// checkpoint (W4A8 with speed priority); one whose layers are stored unquantized and only its head
 /// block-quantized is quantized at load like an unquantized checkpoint, so the load defaults (group 32,
-/// 8-bit head) keep it on W4A16 (docs/policy.md, "W4A8 by evidence"). Planned at the AVX2 level, which
+/// 8-bit head) keep it on W4A16; and one whose layers are all stored in 8 bits stays on W4A16 too
+/// (docs/policy.md, "W4A8 by evidence"). Planned at the AVX2 level, which
 /// every x86-64 CI machine runs, or on the portable fallback both share where the caps allow no SIMD.
 #[test]
 fn a_gguf_with_unquantized_layers_is_planned_as_quantized_at_load() {
@@ -271,12 +272,13 @@ fn a_gguf_with_unquantized_layers_is_planned_as_quantized_at_load() {
     use int4::select::Rung;
     let dir = scratch("rule");
     let q4_0 = uniform(&dir, ty::Q4_0, true);
+    let q8_0 = uniform(&dir, ty::Q8_0, true);
     let head_only = |name: &str| if name.contains("lm_head") { ty::Q8_0 } else { ty::F16 };
     let f16_layers = tiny_llama(&dir, "tiny-f16-q8-head.gguf", false, head_only);
     let caps = IsaCaps::process().with_max_level(IsaLevel::Avx2.min(IsaCaps::process().max_level()));
     let simd = FeatureSet::live(&caps).has(Feature::Avx2) && FeatureSet::live(&caps).has(Feature::Fma);
     let opts = LoadOptions { caps, cache: None, context: 64, ..LoadOptions::default() };
-    for (tiny, w4a8) in [(&q4_0, true), (&f16_layers, false)] {
+    for (tiny, w4a8) in [(&q4_0, true), (&f16_layers, false), (&q8_0, false)] {
         let info = Engine::describe(&tiny.path, &opts).unwrap();
         let expected = match (simd, w4a8) {
             (false, _) => Rung::Wna16Portable,
