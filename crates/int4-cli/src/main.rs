@@ -96,6 +96,11 @@ struct ServeArgs {
     /// memory available if less); each request reserves its prompt plus max_tokens.
     #[arg(long)]
     kv_budget: Option<u64>,
+    /// Prompt caches kept for later requests that begin the same way (whole 256-token chunks: a shared
+    /// system prompt, a chat's earlier turns); 0 keeps none, at most 1024. They count against
+    /// --kv-budget and give way first when a request needs room.
+    #[arg(long, default_value_t = 16)]
+    prefix_cache: usize,
     /// Requests that may wait for admission; beyond, 429 with Retry-After.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
@@ -698,6 +703,10 @@ fn serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         opts.kv_budget = usize::try_from(b).unwrap_or(usize::MAX);
     }
+    if a.prefix_cache > 1024 {
+        return Err(format!("--prefix-cache {}: at most 1024 prompt caches", a.prefix_cache).into());
+    }
+    opts.prefix_cache = a.prefix_cache;
     if a.max_queue == 0 {
         return Err("--max-queue 0: give at least 1".into());
     }

@@ -16,6 +16,7 @@
 
 pub mod api;
 pub mod metrics;
+mod prefix;
 pub mod scheduler;
 
 use std::convert::Infallible;
@@ -31,14 +32,14 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
-use int4::{Engine, FinishReason, GenerationRequest, Prompt, TokenEvent, TokenLogprobs, Usage};
+use int4::{Engine, FinishReason, GenerationRequest, Prompt, TokenEvent, TokenLogprobs};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tower::ServiceExt;
 
 use crate::api::{ApiError, Endpoint, Parsed, PromptInput};
 use crate::metrics::{Metrics, Outcome};
-use crate::scheduler::{Command, Job, Shared, Update};
+use crate::scheduler::{Command, Counts, Job, Shared, Update};
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -51,6 +52,9 @@ pub struct ServeOptions {
     pub model_name: String,
     /// Bytes of KV cache the running sequences may hold together.
     pub kv_budget: usize,
+    /// Prompt caches kept for later requests that begin the same way (whole 256-position chunks); 0 keeps
+    /// none. They count against `kv_budget` and give way first when a request needs room.
+    pub prefix_cache: usize,
     /// Requests that may wait for admission; more get 429.
     pub max_queue: usize,
     /// How long a shutdown waits for running requests.
@@ -66,7 +70,7 @@ pub struct ServeOptions {
 
 impl ServeOptions {
     /// The defaults for `model_name`: 127.0.0.1:8080, a KV budget of 4 GiB (or a third of the memory
-    /// available, if less), 256 queued requests, 30 s to shut down, 8 MiB bodies, 10 s to send a request's
+    /// available, if less), 16 kept prompt caches, 256 queued requests, 30 s to shut down, 8 MiB bodies, 10 s to send a request's
     /// headers and 10 s its body, 1024 connections.
     pub fn new(model_name: impl Into<String>) -> Self {
         let available = available_memory().map_or(usize::MAX, |m| m / 3);
@@ -75,6 +79,7 @@ impl ServeOptions {
             port: 8080,
             model_name: model_name.into(),
             kv_budget: (4usize << 30).min(available),
+            prefix_cache: 16,
             max_queue: 256,
             shutdown_timeout: Duration::from_secs(30),
             max_body_bytes: 8 << 20,
@@ -120,7 +125,7 @@ pub fn serve(engine: Engine, opts: ServeOptions, on_listen: impl FnOnce(SocketAd
     let (tx, rx) = std::sync::mpsc::channel();
     let scheduler = {
         let (engine, shared, metrics) = (engine.clone(), shared.clone(), metrics.clone());
-        let limits = scheduler::Limits { kv_budget: opts.kv_budget };
+        let limits = scheduler::Limits { kv_budget: opts.kv_budget, prefix_cache: opts.prefix_cache };
         std::thread::Builder::new()
             .name("int4-scheduler".into())
             .spawn(move || scheduler::run(&engine, rx, shared, metrics, limits))
@@ -491,7 +496,7 @@ struct Choice {
     text: String,
     tokens: Vec<(u32, Option<TokenLogprobs>)>,
     finish: Option<FinishReason>,
-    usage: Usage,
+    usage: Counts,
 }
 
 impl Reply {
@@ -534,8 +539,13 @@ impl Reply {
         json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs})
     }
 
-    fn usage(&self, u: Usage) -> Value {
-        json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.prompt_tokens + u.completion_tokens})
+    fn usage(&self, c: Counts) -> Value {
+        let u = c.usage;
+        json!({
+            "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": c.cached_prompt_tokens},
+        })
     }
 }
 
@@ -574,10 +584,7 @@ async fn collect(
         }
         choices.push(c);
     }
-    let total = choices.iter().fold(Usage::default(), |a, c| Usage {
-        prompt_tokens: a.prompt_tokens + c.usage.prompt_tokens,
-        completion_tokens: a.completion_tokens + c.usage.completion_tokens,
-    });
+    let total = choices.iter().fold(Counts::default(), |a, c| a.plus(c.usage));
     let logprobs = reply.parsed.generation.logprobs.is_some();
     let body = match reply.parsed.endpoint {
         Endpoint::Chat => {
@@ -634,8 +641,14 @@ async fn stream(
         _ => {}
     }
     let reply = Arc::new(reply);
-    let state =
-        StreamState { reply: reply.clone(), offsets: vec![0; n], done: 0, usage: Usage::default(), n, finished: false };
+    let state = StreamState {
+        reply: reply.clone(),
+        offsets: vec![0; n],
+        done: 0,
+        usage: Counts::default(),
+        n,
+        finished: false,
+    };
     let head: Vec<Event> = if reply.parsed.endpoint == Endpoint::Chat {
         vec![chunk(
             &reply,
@@ -694,7 +707,7 @@ struct StreamState {
     reply: Arc<Reply>,
     offsets: Vec<usize>,
     done: usize,
-    usage: Usage,
+    usage: Counts,
     n: usize,
     finished: bool,
 }
@@ -721,10 +734,9 @@ impl StreamState {
         Some(chunk(r, json!([choice])))
     }
 
-    fn done(&mut self, i: usize, reason: FinishReason, usage: Usage) -> Option<Event> {
+    fn done(&mut self, i: usize, reason: FinishReason, usage: Counts) -> Option<Event> {
         self.done += 1;
-        self.usage.prompt_tokens += usage.prompt_tokens;
-        self.usage.completion_tokens += usage.completion_tokens;
+        self.usage = self.usage.plus(usage);
         let r = &self.reply;
         let choice = match r.parsed.endpoint {
             Endpoint::Chat => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason.openai_name()}),

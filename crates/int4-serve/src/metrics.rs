@@ -46,6 +46,9 @@ pub struct Metrics {
     queued: AtomicU64,
     running: AtomicU64,
     prompt_tokens: AtomicU64,
+    cached_prompt_tokens: AtomicU64,
+    prefix_cache_prompts: AtomicU64,
+    prefix_cache_bytes: AtomicU64,
     generated_tokens: AtomicU64,
     requests_ok: AtomicU64,
     requests_failed: AtomicU64,
@@ -69,6 +72,17 @@ impl Metrics {
     /// Counts prompt tokens run.
     pub fn add_prompt_tokens(&self, n: usize) {
         self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts prompt positions copied from a kept or running sequence's cache instead of run.
+    pub fn add_cached_prompt_tokens(&self, n: usize) {
+        self.cached_prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Sets the prompt caches kept for later requests and their bytes.
+    pub fn set_prefix_cache(&self, prompts: usize, bytes: usize) {
+        self.prefix_cache_prompts.store(prompts as u64, Ordering::Relaxed);
+        self.prefix_cache_bytes.store(bytes as u64, Ordering::Relaxed);
     }
 
     /// Counts generated tokens.
@@ -113,6 +127,19 @@ impl Metrics {
         gauge(&mut out, "int4_queue_depth", "Requests waiting for admission.", &self.queued);
         gauge(&mut out, "int4_running_sequences", "Sequences running.", &self.running);
         counter(&mut out, "int4_prompt_tokens_total", "Prompt tokens run.", &self.prompt_tokens);
+        counter(
+            &mut out,
+            "int4_prompt_tokens_cached_total",
+            "Prompt tokens copied from a kept or running sequence's cache instead of run.",
+            &self.cached_prompt_tokens,
+        );
+        gauge(
+            &mut out,
+            "int4_prefix_cache_prompts",
+            "Prompt caches kept for later requests.",
+            &self.prefix_cache_prompts,
+        );
+        gauge(&mut out, "int4_prefix_cache_bytes", "Bytes of the prompt caches kept.", &self.prefix_cache_bytes);
         counter(&mut out, "int4_generation_tokens_total", "Tokens generated.", &self.generated_tokens);
         let _ = writeln!(out, "# HELP int4_requests_total Requests by outcome.\n# TYPE int4_requests_total counter");
         for (label, v) in

@@ -13,6 +13,10 @@
 //! as an [`Update`]; a request whose receiver is gone (the client left) is dropped before the next step,
 //! its cache freed.
 //!
+//! A finished sequence's prompt cache is kept, in whole chunks, for later prompts that begin the same way
+//! (see [`crate::prefix`]); a new sequence starts from a copy of the longest such prefix, kept or running,
+//! and its usage reports those positions as `cached_tokens`.
+//!
 //! On shutdown the scheduler stops admitting, lets the running and queued sequences finish until the
 //! deadline, then ends the rest with an error update.
 
@@ -22,10 +26,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use int4::{Engine, FinishReason, GenerationRequest, KvCache, Sequence, StepEntry, TokenEvent, Usage};
+use int4::{Engine, FinishReason, GenerationRequest, KvCache, Prompt, Sequence, StepEntry, TokenEvent, Usage};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Metrics;
+use crate::prefix::{PrefixCache, Source, shareable, started_from};
 
 /// The chunk a prompt is cut into, and the prompt positions a step takes shortest first (beside the
 /// longest-waiting prompt's chunk).
@@ -49,13 +54,35 @@ pub struct Job {
     pub request_answered: Arc<AtomicBool>,
 }
 
+/// A sequence's token counts, as a response's `usage` reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Prompt and generated tokens.
+    pub usage: Usage,
+    /// Prompt positions copied from a kept or running sequence's cache instead of run.
+    pub cached_prompt_tokens: usize,
+}
+
+impl Counts {
+    /// Both counts summed (a request's choices).
+    pub fn plus(self, other: Counts) -> Counts {
+        Counts {
+            usage: Usage {
+                prompt_tokens: self.usage.prompt_tokens + other.usage.prompt_tokens,
+                completion_tokens: self.usage.completion_tokens + other.usage.completion_tokens,
+            },
+            cached_prompt_tokens: self.cached_prompt_tokens + other.cached_prompt_tokens,
+        }
+    }
+}
+
 /// What a sequence tells its request.
 #[derive(Debug)]
 pub enum Update {
     /// A generated token (its event carries the finish reason on the last one).
     Token(TokenEvent),
     /// It finished, with its token counts (after its last token, or alone when cancelled).
-    Done(FinishReason, Usage),
+    Done(FinishReason, Counts),
     /// It could not run or was ended by shutdown.
     Failed(String),
 }
@@ -83,15 +110,19 @@ pub struct Shared {
 /// The scheduler's limits.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// Bytes of KV cache all running sequences may hold together.
+    /// Bytes of KV cache all running sequences and kept prompt caches may hold together.
     pub kv_budget: usize,
+    /// Prompt caches kept for later requests (0: none kept).
+    pub prefix_cache: usize,
 }
 
 struct Running<'e> {
     seq: Sequence<'e>,
     cache: KvCache,
-    /// Prompt positions run so far.
+    /// Prompt positions in its cache so far (run, or copied when it started).
     read: usize,
+    /// Prompt positions copied when it started.
+    cached: usize,
     /// The logits of the last position run, once the prompt is read.
     next: Option<u32>,
     updates: UnboundedSender<Update>,
@@ -101,11 +132,30 @@ struct Running<'e> {
     bytes: usize,
 }
 
+impl Running<'_> {
+    /// Prompt positions its cache holds.
+    fn prompt_read(&self) -> usize {
+        self.read.min(self.seq.prompt().len())
+    }
+
+    fn counts(&self) -> Counts {
+        Counts { usage: self.seq.usage(), cached_prompt_tokens: self.cached }
+    }
+}
+
+/// Keeps what a finished (or abandoned) sequence's prompt read, within the budget the running ones leave.
+fn keep(kept: &mut PrefixCache, r: Running<'_>, running: &[Running<'_>], limits: Limits) {
+    let room = limits.kv_budget.saturating_sub(running.iter().map(|r| r.bytes).sum());
+    let read = r.prompt_read();
+    kept.keep(r.cache, read, room);
+}
+
 /// Runs the scheduler on this thread until shutdown ends it or the channel closes.
 pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, metrics: Arc<Metrics>, limits: Limits) {
     let model = &engine.model;
     let mut waiting: VecDeque<Box<Job>> = VecDeque::new();
     let mut running: Vec<Running<'_>> = Vec::new();
+    let mut kept = PrefixCache::new(limits.prefix_cache);
     let mut deadline: Option<Instant> = None;
     let mut open = true;
     loop {
@@ -150,8 +200,16 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
         if !open && running.is_empty() && waiting.is_empty() {
             break;
         }
-        // Drop requests whose clients left.
-        running.retain(|r| !r.updates.is_closed());
+        // Drop requests whose clients left (keeping what their prompts read).
+        let mut i = 0;
+        while i < running.len() {
+            if running[i].updates.is_closed() {
+                let r = running.remove(i);
+                keep(&mut kept, r, &running, limits);
+            } else {
+                i += 1;
+            }
+        }
         waiting.retain(|j| {
             let keep = !j.updates.is_closed();
             if !keep {
@@ -159,42 +217,64 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
             }
             keep
         });
-        // Admit in order while the budget holds.
-        let mut held: usize = running.iter().map(|r| r.bytes).sum();
+        // Admit in order while the budget holds, kept prompt caches giving way first (least recently used
+        // first, the one the job would start from last).
+        let mut held: usize = running.iter().map(|r| r.bytes).sum::<usize>() + kept.bytes();
         while let Some(job) = waiting.front() {
             let bytes = model.kv_cache_bytes(job.positions);
+            if let Prompt::Ids(ids) = &job.request.prompt
+                && let Some((Source::Kept(i), _)) = kept.best(ids, std::iter::empty())
+            {
+                kept.take_use(i);
+            }
+            while held + bytes > limits.kv_budget {
+                match kept.evict_one() {
+                    Some(freed) => held -= freed,
+                    None => break,
+                }
+            }
             if !running.is_empty() && held + bytes > limits.kv_budget {
                 break;
             }
             let job = waiting.pop_front().expect("front exists");
             shared.queued.fetch_sub(1, Ordering::SeqCst);
-            let cache = match model.kv_cache(job.positions, limits.kv_budget.max(bytes)) {
+            let seq = match engine.prepare(job.request) {
+                Ok(seq) => seq,
+                Err(e) => {
+                    let _ = job.updates.send(Update::Failed(e.to_string()));
+                    continue;
+                }
+            };
+            let running_caches = running.iter().map(|r| (&r.cache, shareable(r.prompt_read())));
+            let from = match kept.best(seq.prompt(), running_caches) {
+                Some((Source::Kept(i), n)) => Some((kept.take_use(i), n)),
+                Some((Source::Running(i), n)) => Some((&running[i].cache, n)),
+                None => None,
+            };
+            let cached = from.map_or(0, |(_, n)| n);
+            let cache = match started_from(model, job.positions, limits.kv_budget.max(bytes), from) {
                 Ok(c) => c,
                 Err(e) => {
                     let _ = job.updates.send(Update::Failed(e.to_string()));
                     continue;
                 }
             };
-            match engine.prepare(job.request) {
-                Ok(seq) => {
-                    held += bytes;
-                    running.push(Running {
-                        seq,
-                        cache,
-                        read: 0,
-                        next: None,
-                        updates: job.updates,
-                        received: job.received,
-                        request_answered: job.request_answered,
-                        last_token: None,
-                        bytes,
-                    });
-                }
-                Err(e) => {
-                    let _ = job.updates.send(Update::Failed(e.to_string()));
-                }
-            }
+            metrics.add_cached_prompt_tokens(cached);
+            held += bytes;
+            running.push(Running {
+                seq,
+                cache,
+                read: cached,
+                cached,
+                next: None,
+                updates: job.updates,
+                received: job.received,
+                request_answered: job.request_answered,
+                last_token: None,
+                bytes,
+            });
         }
+        metrics.set_prefix_cache(kept.len(), kept.bytes());
         metrics.set_running(running.len());
         metrics.set_queued(shared.queued.load(Ordering::SeqCst));
         if running.is_empty() {
@@ -284,13 +364,13 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
                         continue;
                     }
                     if let Some(reason) = done {
-                        let _ = r.updates.send(Update::Done(reason, r.seq.usage()));
+                        let _ = r.updates.send(Update::Done(reason, r.counts()));
                         finished.push(*i);
                     }
                 }
                 Ok(None) => {
                     let reason = r.seq.finish().cloned().unwrap_or(FinishReason::Cancelled);
-                    let _ = r.updates.send(Update::Done(reason, r.seq.usage()));
+                    let _ = r.updates.send(Update::Done(reason, r.counts()));
                     finished.push(*i);
                 }
                 Err(e) => {
@@ -303,8 +383,10 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
         finished.sort_unstable();
         // `remove`, not `swap_remove`: `running` stays in admission order.
         for i in finished.into_iter().rev() {
-            running.remove(i);
+            let r = running.remove(i);
+            keep(&mut kept, r, &running, limits);
         }
+        metrics.set_prefix_cache(kept.len(), kept.bytes());
         metrics.set_running(running.len());
     }
     shared.stopped.store(true, Ordering::SeqCst);

@@ -121,6 +121,45 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         2 * self.k.len() * self.capacity * self.width * 4
     }
+
+    /// Replaces what this cache holds with the first `positions` positions of `source` (keys, values and
+    /// ids, as they are): continued from there, it gives what `source`'s sequence would. An error, with
+    /// this cache unchanged, when `source` was made for another model, holds fewer positions, or they do
+    /// not fit this cache.
+    pub fn copy_prefix_from(&mut self, source: &KvCache, positions: usize) -> Result<()> {
+        if source.k.len() != self.k.len() || source.width != self.width {
+            return Err(Error::input("KV cache", "the cache to copy from was made for another model"));
+        }
+        if positions > source.len || positions > self.capacity {
+            return Err(Error::input(
+                "KV cache",
+                format!(
+                    "cannot copy {positions} positions from a cache holding {} into one of {}",
+                    source.len, self.capacity
+                ),
+            ));
+        }
+        let n = positions * self.width;
+        for (dst, src) in self.k.iter_mut().zip(&source.k).chain(self.v.iter_mut().zip(&source.v)) {
+            dst[..n].copy_from_slice(&src[..n]);
+        }
+        self.ids.clear();
+        self.ids.extend_from_slice(&source.ids[..positions]);
+        self.len = positions;
+        Ok(())
+    }
+
+    /// Makes the capacity the positions held, releasing the memory past them (a cache kept only to be
+    /// copied from).
+    pub fn shrink_to_len(&mut self) {
+        let n = self.len * self.width;
+        for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+            layer.truncate(n);
+            layer.shrink_to_fit();
+        }
+        self.ids.shrink_to_fit();
+        self.capacity = self.len;
+    }
 }
 
 /// A linear layer's place in a decoder layer, as a [`ForwardObserver`] sees it.

@@ -406,6 +406,63 @@ fn a_seeded_sampled_run_repeats_across_thread_counts_on_every_path() {
     }
 }
 
+/// A server keeps a prompt's cache and starts a later prompt that begins the same way from a copy of its
+/// whole 256-position chunks: continued from the copy, the later prompt's logits are those of a fresh run
+/// in the same chunks, bit for bit, on every path; a copy that cannot be made is refused.
+#[test]
+fn a_cache_started_from_a_copy_of_whole_chunks_gives_a_fresh_run_s_bits_on_every_path() {
+    // The tiny model with room for three chunks.
+    let dir = tiny_model("gen-copy-prefix");
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = config.replace("\"max_position_embeddings\": 256", "\"max_position_embeddings\": 1024");
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let prompt =
+        |n: usize, salt: u32| -> Vec<u32> { (0..n as u32).map(|i| 3 + (i * 7 + salt * (i / 300)) % 90).collect() };
+    let fresh = |e: &Engine, tokens: &[u32]| -> (Vec<f32>, int4::KvCache) {
+        let mut cache = e.new_cache().unwrap();
+        let mut logits = Vec::new();
+        for chunk in tokens.chunks(256) {
+            logits = e.model.forward(chunk, &mut cache, false).unwrap();
+        }
+        (logits, cache)
+    };
+    for path in [RunPath::F32, RunPath::Bf16, RunPath::W4a16, RunPath::Wna16, RunPath::W4a8] {
+        let e = Engine::load(&dir, &LoadOptions { path, context: 768, cache: None, ..LoadOptions::default() }).unwrap();
+        // The earlier prompt: 600 positions; the later one shares its first 300 and then departs.
+        let (_, earlier) = fresh(&e, &prompt(600, 0));
+        let later = prompt(700, 1);
+        assert_eq!(later[..300], prompt(600, 0)[..300]);
+        assert_ne!(later[300..600], prompt(600, 0)[300..]);
+        let (alone, _) = fresh(&e, &later);
+        let mut cache = e.new_cache().unwrap();
+        cache.copy_prefix_from(&earlier, 256).unwrap();
+        assert_eq!(cache.ids(), &later[..256]);
+        let mut logits = Vec::new();
+        for chunk in later[256..].chunks(256) {
+            logits = e.model.forward(chunk, &mut cache, false).unwrap();
+        }
+        assert!(
+            alone.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{path:?}: the continued copy's logits differ from a fresh run's"
+        );
+        // A kept cache shrunk to its positions still copies the same bits.
+        let (_, mut kept) = fresh(&e, &prompt(600, 0));
+        kept.truncate(512);
+        kept.shrink_to_len();
+        assert_eq!((kept.len(), kept.capacity()), (512, 512));
+        let mut from_kept = e.new_cache().unwrap();
+        from_kept.copy_prefix_from(&kept, 256).unwrap();
+        let logits = e.model.forward(&later[256..512], &mut from_kept, false).unwrap();
+        let (alone, _) = fresh(&e, &later[..512]);
+        assert!(alone.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()), "{path:?}: from a shrunk cache");
+        // Refused: more than the source holds, more than the destination fits.
+        let mut small = e.model.kv_cache(100, usize::MAX).unwrap();
+        assert!(small.copy_prefix_from(&kept, 256).is_err());
+        assert!(cache.copy_prefix_from(&kept, 513).is_err());
+        assert_eq!(cache.ids(), &later[..], "a refused copy leaves the cache as it was");
+    }
+}
+
 // --- the real default model ----------------------------------------------------------------------------
 
 fn default_engine(path: RunPath) -> Option<Engine> {

@@ -1459,6 +1459,11 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
             Invocation::new(&["serve", &t, "--port", "0", "--max-connections", "0"]),
             Expect::Error("--max-connections"),
         ),
+        (
+            "serve-prefix-cache-huge",
+            Invocation::new(&["serve", &t, "--port", "0", "--prefix-cache", "1025"]),
+            Expect::Error("--prefix-cache 1025: at most 1024"),
+        ),
     ] {
         cases.push(case(name, inv, expect));
     }

@@ -454,3 +454,83 @@ fn time_to_first_token_is_observed_once_per_request() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(metric("int4_time_to_first_token_seconds_count"), 2.0);
 }
+
+/// A prompt that begins as an earlier one did starts from a copy of the earlier one's whole 256-token
+/// chunks, kept after it finished or taken from it while it runs: the response's usage reports them as
+/// `cached_tokens`, `/metrics` counts them, and the answer is the one a server keeping no prompt caches
+/// gives.
+#[test]
+fn a_prompt_that_begins_as_an_earlier_one_starts_from_its_whole_chunks_and_answers_the_same() {
+    let Some(model) = default_model() else { return };
+    let first: Vec<u32> = (0..600u32).map(|i| 1000 + (i * 7) % 5000).collect();
+    let mut second = first[..300].to_vec();
+    second.extend((0..300u32).map(|i| 2000 + i));
+    let ask = |server: &Server, prompt: &[u32]| -> (String, u64) {
+        let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": true});
+        let (status, v, _) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or_else(|| panic!("{v}"));
+        (v["choices"][0]["text"].as_str().unwrap().to_string(), cached)
+    };
+    let prompts = [&first, &first, &second];
+    let plain = Server::start(&model, &["--prefix-cache", "0"]);
+    let expected: Vec<(String, u64)> = prompts.iter().map(|p| ask(&plain, p)).collect();
+    assert!(expected.iter().all(|(_, cached)| *cached == 0), "{expected:?}");
+    drop(plain);
+
+    let server = Server::start(&model, &[]);
+    // The scheduler updates its gauges after it has answered: read them until they settle.
+    let metric = |name: &str, want: f64| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = server.get("/metrics");
+            let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
+            let v: f64 = line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap();
+            if v == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{name} is {v}, not {want}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let got: Vec<(String, u64)> = prompts.iter().map(|p| ask(&server, p)).collect();
+    // The first runs whole; the same prompt again shares its first two chunks (the third holds the last
+    // position, which must run); the second departs at 300 and shares one.
+    let want: Vec<(String, u64)> = expected.iter().zip([0, 512, 256]).map(|((t, _), c)| (t.clone(), c)).collect();
+    assert_eq!(got, want);
+    metric("int4_prompt_tokens_cached_total", 768.0);
+    // Both prompts' 512 shareable positions are kept: they part after 300.
+    metric("int4_prefix_cache_prompts", 2.0);
+
+    // From a running sequence: a long prompt streams; once its first token is out (its prompt read),
+    // the same prompt again takes nine of its chunks, and answers with the running one's first tokens.
+    let long: Vec<u32> = (0..2400u32).map(|i| 3000 + (i * 13) % 4000).collect();
+    let url = server.url("/v1/completions");
+    let body = json!({"model": MODEL, "prompt": long, "max_tokens": 600, "temperature": 0, "stream": true, "ignore_eos": true});
+    let (tx, rx) = mpsc::channel();
+    let streaming = std::thread::spawn(move || {
+        let mut r = ureq::post(&url).header("content-type", "application/json").send(body.to_string()).unwrap();
+        let mut reader = BufReader::new(r.body_mut().as_reader());
+        let (mut line, mut text, mut told) = (String::new(), String::new(), false);
+        while reader.read_line(&mut line).unwrap() > 0 {
+            if let Some(data) = line.trim().strip_prefix("data: ")
+                && let Ok(v) = serde_json::from_str::<Value>(data)
+            {
+                text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+                if !told {
+                    tx.send(()).unwrap();
+                    told = true;
+                }
+            }
+            line.clear();
+        }
+        text
+    });
+    rx.recv_timeout(Duration::from_secs(120)).expect("the long prompt's first token");
+    let (again, cached) = ask(&server, &long);
+    assert_eq!(cached, 2304, "nine whole chunks of the running sequence's 2400-token prompt");
+    // Its first request still runs: it ran when the second was admitted.
+    metric("int4_running_sequences", 1.0);
+    let running_text = streaming.join().unwrap();
+    assert!(running_text.starts_with(&again), "{again:?} is not how {running_text:?} begins");
+}
