@@ -240,6 +240,40 @@ fn results_do_not_depend_on_the_thread_count() {
     }
 }
 
+/// Decode rows of several sequences run in one call on the kernel one row runs, and each gets the bits it
+/// gets alone — past the AMX threshold too, where a prefill call of as many rows takes the tiles — for
+/// every zero kind and both activation granularities.
+#[test]
+fn decode_rows_in_one_call_get_the_bits_each_gets_alone() {
+    let mut rng = Rng::new(29);
+    let (n, k, group) = (96, 320, GroupSize::G64);
+    for zeros in ZERO_KINDS {
+        let packed = layer(&mut rng, n, k, group, zeros).pack(group);
+        let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        for (kernel, name) in runnable_kernels("decode_rows_in_one_call_get_the_bits_each_gets_alone") {
+            for granularity in [ActivationScales::PerGroup, ActivationScales::PerToken] {
+                let l = W4A8Linear::with_kernels(packed.clone(), Some(bias.clone()), kernel)
+                    .unwrap()
+                    .with_activation_scales(granularity);
+                for m in [2, 17, 33] {
+                    let x = rng.activations(m, k);
+                    let mut together = vec![f32::NAN; m * n];
+                    let ran = l.forward_decode(&x, m, &mut together).unwrap();
+                    assert_eq!(ran, l.kernel_for(1), "{name}: decode rows run the one-row kernel");
+                    for r in 0..m {
+                        let mut alone = vec![f32::NAN; n];
+                        l.forward(&x[r * k..(r + 1) * k], 1, &mut alone).unwrap();
+                        assert!(
+                            alone.iter().zip(&together[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{name} {zeros:?} {granularity:?}: row {r} of {m} differs from the row alone"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Activation quantization: ties to even, ±127, zero rows, NaN, K padding with zeros, per-group sums;
 /// one scale per row, or one per group.
 #[test]
@@ -604,6 +638,13 @@ fn check_eight_bit_layer(
             assert!(
                 out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{name}: N={n} K={k} M={m}: not bit-identical"
+            );
+            // Decode rows in one call: the same bits, on the one-row kernel.
+            let mut out = vec![f32::NAN; m * n];
+            assert_eq!(l.forward_decode(&x, m, &mut out).unwrap(), l.kernel_for(1), "{name}");
+            assert!(
+                out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: N={n} K={k} M={m}: decode rows not bit-identical"
             );
         }
     }

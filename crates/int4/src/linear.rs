@@ -650,13 +650,14 @@ impl Linear {
     }
 
     /// Decode rows (one per sequence), each computed bit for bit as it is alone: W4A16 in one pass over
-    /// the weights, a row at a time per block ([`W4A16Linear::decode_rows_exact`]); W8A16, whose decode
-    /// and prefill follow one arithmetic order, in one call; the others in calls of fewer rows than start
-    /// their prefill phase (their decode kernels compute each row alike however many share a call).
+    /// the weights, a row at a time per block ([`W4A16Linear::decode_rows_exact`]); W4A8 and its 8-bit
+    /// head in one pass on the kernel one row runs (integer sums, exact in any row blocking); W8A16, whose
+    /// decode and prefill follow one arithmetic order, in one call; the others in calls of fewer rows than
+    /// start their prefill phase (their decode kernels compute each row alike however many share a call).
     /// `Model::step`'s test holds every path to this.
     pub fn forward_decode(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
         match &self.imp {
-            Imp::W4a16(_) | Imp::W8a16(_) => self.run(x, m, out, true),
+            Imp::W4a16(_) | Imp::W8a16(_) | Imp::W4a8(_) | Imp::Int8(_) => self.run(x, m, out, true),
             _ => {
                 let per_call = self.prefill_from.saturating_sub(1).max(1);
                 let mut s = 0;
@@ -675,7 +676,7 @@ impl Linear {
         self.run(x, m, out, false)
     }
 
-    /// [`Linear::forward`]; with `decode_rows`, W4A16 runs its row-exact decode for any `m`.
+    /// [`Linear::forward`]; with `decode_rows`, W4A16 and W4A8 run their decode kernels for any `m`.
     fn run(&self, x: &[f32], m: usize, out: &mut [f32], decode_rows: bool) -> Result<()> {
         let permuted;
         let x = match &self.perm {
@@ -692,7 +693,9 @@ impl Linear {
                 Imp::W4a16(l) if decode_rows => l.decode_rows_exact(x, m, out).map(|()| l.kernels().for_rows(1)),
                 Imp::W4a16(l) => l.forward(x, m, out),
                 Imp::Wna16(l) => l.forward(x, m, out),
+                Imp::W4a8(l) if decode_rows => l.forward_decode(x, m, out),
                 Imp::W4a8(l) => l.forward(x, m, out),
+                Imp::Int8(l) if decode_rows => l.forward_decode(x, m, out),
                 Imp::Int8(l) => l.forward(x, m, out),
                 Imp::W8a16(l) => l.forward(x, m, out),
             }

@@ -216,7 +216,16 @@ impl Int8Linear {
 
     /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized to int8. Returns the kernel that ran.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
-        let kernel = W4A8Kernel::for_rows(&self.kernels, m)?;
+        self.run(W4A8Kernel::for_rows(&self.kernels, m)?, x, m, out)
+    }
+
+    /// `m` decode rows in one pass over both planes, on the kernel one row runs, each row getting the bits
+    /// it gets alone (as [`crate::w4a8::W4A8Linear::forward_decode`]). Returns the kernel that ran.
+    pub fn forward_decode(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
+        self.run(W4A8Kernel::for_rows(&self.kernels, 1)?.for_decode(), x, m, out)
+    }
+
+    fn run(&self, kernel: W4A8Kernel, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
         let a = quantize_activations(x, m, &self.weights.lo, self.activation_scales)?;
         gemm(kernel, &a, &self.weights.hi, self.bias.as_deref(), out)?;
         let mut low = vec![0.0f32; out.len()];

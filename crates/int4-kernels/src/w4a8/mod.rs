@@ -457,6 +457,16 @@ impl W4A8Kernel {
         })
     }
 
+    /// The kernel decode rows run: this one, except that the AMX binding runs its VNNI code (what one row
+    /// runs), never tiles, however many decode rows share a call.
+    pub fn for_decode(self) -> Self {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            W4A8Kernel::Amx(t) => W4A8Kernel::Vnni(t.vnni()),
+            other => other,
+        }
+    }
+
     /// The kernel that runs `m` rows.
     pub fn id_for(self, m: usize) -> KernelId {
         match self {
@@ -722,6 +732,16 @@ impl W4A8Linear {
     /// `out[M][N] = x[M][K]·Wᵀ + bias`, with `x` quantized to int8. Returns the kernel that ran.
     pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
         let kernel = W4A8Kernel::for_rows(&self.kernels, m)?;
+        let a = quantize_activations(x, m, &self.weights, self.activation_scales)?;
+        gemm(kernel, &a, &self.weights, self.bias.as_deref(), out)?;
+        Ok(kernel.id_for(m))
+    }
+
+    /// `m` decode rows (one per sequence) in one pass over the weights, on the kernel one row runs, each
+    /// row getting the bits it gets alone: a row's activations are quantized on their own, its integer
+    /// sums are exact however rows are blocked, and its epilogue is its own. Returns the kernel that ran.
+    pub fn forward_decode(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
+        let kernel = W4A8Kernel::for_rows(&self.kernels, 1)?.for_decode();
         let a = quantize_activations(x, m, &self.weights, self.activation_scales)?;
         gemm(kernel, &a, &self.weights, self.bias.as_deref(), out)?;
         Ok(kernel.id_for(m))
