@@ -10,8 +10,8 @@
 //! prompt's last position always runs (its logits start the generation).
 //!
 //! Kept caches are shrunk to their shareable positions, at most `capacity` of them, least recently used
-//! dropped first; their bytes count against the server's KV budget and they are dropped before a request
-//! waits for room.
+//! dropped first; their bytes count against the server's KV budget and they are dropped when that lets a
+//! waiting request in. With a capacity of 0 nothing is kept and nothing is shared.
 
 use int4::{KvCache, Model};
 
@@ -111,14 +111,16 @@ impl PrefixCache {
             e.last_used = self.clock;
             return;
         }
+        // Its bytes once shrunk to `n` positions: nothing is dropped for a cache that cannot be kept.
+        let bytes = cache.bytes() / cache.capacity() * n;
+        if bytes > room {
+            return;
+        }
         // Kept caches this one covers go.
         self.entries.retain(|e| !(e.cache.len() <= n && e.cache.ids() == &ids[..e.cache.len()]));
         cache.truncate(n);
         cache.shrink_to_len();
-        let bytes = cache.bytes();
-        if bytes > room {
-            return;
-        }
+        debug_assert_eq!(cache.bytes(), bytes);
         while self.entries.len() >= self.capacity || self.bytes() + bytes > room {
             if self.evict_one().is_none() {
                 break;

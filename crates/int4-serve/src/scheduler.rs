@@ -217,25 +217,20 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
             }
             keep
         });
-        // Admit in order while the budget holds, kept prompt caches giving way first (least recently used
-        // first, the one the job would start from last).
-        let mut held: usize = running.iter().map(|r| r.bytes).sum::<usize>() + kept.bytes();
+        // Admit in order while the budget holds, kept prompt caches giving way (least recently used first,
+        // the one the job would start from last) only when that lets the job in.
+        let mut running_held: usize = running.iter().map(|r| r.bytes).sum();
         while let Some(job) = waiting.front() {
             let bytes = model.kv_cache_bytes(job.positions);
+            if !running.is_empty() && running_held + bytes > limits.kv_budget {
+                break;
+            }
             if let Prompt::Ids(ids) = &job.request.prompt
                 && let Some((Source::Kept(i), _)) = kept.best(ids, std::iter::empty())
             {
                 kept.take_use(i);
             }
-            while held + bytes > limits.kv_budget {
-                match kept.evict_one() {
-                    Some(freed) => held -= freed,
-                    None => break,
-                }
-            }
-            if !running.is_empty() && held + bytes > limits.kv_budget {
-                break;
-            }
+            while running_held + kept.bytes() + bytes > limits.kv_budget && kept.evict_one().is_some() {}
             let job = waiting.pop_front().expect("front exists");
             shared.queued.fetch_sub(1, Ordering::SeqCst);
             let seq = match engine.prepare(job.request) {
@@ -245,7 +240,9 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
                     continue;
                 }
             };
-            let running_caches = running.iter().map(|r| (&r.cache, shareable(r.prompt_read())));
+            // With no prompt caches kept, nothing is shared, not even from running sequences.
+            let sharing = limits.prefix_cache > 0;
+            let running_caches = running.iter().filter(|_| sharing).map(|r| (&r.cache, shareable(r.prompt_read())));
             let from = match kept.best(seq.prompt(), running_caches) {
                 Some((Source::Kept(i), n)) => Some((kept.take_use(i), n)),
                 Some((Source::Running(i), n)) => Some((&running[i].cache, n)),
@@ -260,7 +257,7 @@ pub fn run(engine: &Engine, commands: Receiver<Command>, shared: Arc<Shared>, me
                 }
             };
             metrics.add_cached_prompt_tokens(cached);
-            held += bytes;
+            running_held += bytes;
             running.push(Running {
                 seq,
                 cache,

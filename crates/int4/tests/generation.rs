@@ -441,6 +441,7 @@ fn a_cache_started_from_a_copy_of_whole_chunks_gives_a_fresh_run_s_bits_on_every
         for chunk in later[256..].chunks(256) {
             logits = e.model.forward(chunk, &mut cache, false).unwrap();
         }
+        assert_eq!(alone.len(), logits.len());
         assert!(
             alone.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
             "{path:?}: the continued copy's logits differ from a fresh run's"
@@ -454,6 +455,7 @@ fn a_cache_started_from_a_copy_of_whole_chunks_gives_a_fresh_run_s_bits_on_every
         from_kept.copy_prefix_from(&kept, 256).unwrap();
         let logits = e.model.forward(&later[256..512], &mut from_kept, false).unwrap();
         let (alone, _) = fresh(&e, &later[..512]);
+        assert_eq!(alone.len(), logits.len());
         assert!(alone.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()), "{path:?}: from a shrunk cache");
         // Refused: more than the source holds, more than the destination fits.
         let mut small = e.model.kv_cache(100, usize::MAX).unwrap();

@@ -1,8 +1,9 @@
 //! `int4 serve` over loopback, started and stopped by each test: the real `openai` Python client (from
 //! PyPI, in a virtualenv this suite makes under the target directory) for chat and completions, a killed
 //! server mid-stream, sixteen concurrent greedy requests against each alone on every path, the queue's
-//! 429, a client that leaves, SIGTERM with and without time to finish, and the time to first token counted
-//! once per request.
+//! 429, a client that leaves, SIGTERM with and without time to finish, the time to first token counted
+//! once per request, and prompts started from kept or running sequences' whole chunks (never an answer's
+//! positions) with the answer of a server that keeps none.
 //!
 //! Without the default model the tests that need it fail under `CI=true` (CI fetches it first) and report a
 //! skip otherwise; without Python or PyPI the client tests fail.
@@ -533,4 +534,45 @@ fn a_prompt_that_begins_as_an_earlier_one_starts_from_its_whole_chunks_and_answe
     metric("int4_running_sequences", 1.0);
     let running_text = streaming.join().unwrap();
     assert!(running_text.starts_with(&again), "{again:?} is not how {running_text:?} begins");
+}
+
+/// A chat's next turn — the earlier prompt, the answer it got, and more — shares only the earlier
+/// prompt's whole chunks, never the positions its answer's decode rows computed (on W4A16 and W4A8 those
+/// ran other kernels than a prompt chunk runs): two chunks would match, one is shared, and the answer is
+/// a server's that keeps no prompt caches.
+#[test]
+fn an_answers_positions_are_never_shared() {
+    // The tiny model with room for three chunks.
+    let tiny = int4_test_support::tiny_model("serve-answer-positions");
+    let config = std::fs::read_to_string(tiny.join("config.json")).unwrap();
+    let config = config.replace("\"max_position_embeddings\": 256", "\"max_position_embeddings\": 1024");
+    std::fs::write(tiny.join("config.json"), config).unwrap();
+    let first: Vec<u32> = (0..500u32).map(|i| 3 + (i * 7) % 90).collect();
+    // The answer's ids, read back from its tokens' text ("w<id>").
+    let ask = |server: &Server, prompt: &[u32], max_tokens: usize| -> (Vec<u32>, u64) {
+        let body = json!({
+            "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true,
+            "logprobs": 1,
+        });
+        let (status, v, _) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let ids = v["choices"][0]["logprobs"]["tokens"].as_array().unwrap_or_else(|| panic!("{v}"));
+        let ids = ids.iter().map(|t| t.as_str().unwrap().trim_start_matches('w').parse().unwrap()).collect();
+        (ids, v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
+    };
+    for path in ["w4a16", "w4a8"] {
+        let server = Server::start(&tiny, &["--path", path]);
+        let (answer, cached) = ask(&server, &first, 30);
+        assert_eq!((answer.len(), cached), (30, 0));
+        let mut next = first.clone();
+        next.extend(&answer);
+        next.extend([5, 6, 7]);
+        let (got, cached) = ask(&server, &next, 8);
+        assert_eq!(cached, 256, "{path}: only the first prompt's whole chunk is shared");
+        drop(server);
+        let plain = Server::start(&tiny, &["--path", path, "--prefix-cache", "0"]);
+        let (want, cached) = ask(&plain, &next, 8);
+        assert_eq!(cached, 0);
+        assert_eq!(got, want, "{path}");
+    }
 }
