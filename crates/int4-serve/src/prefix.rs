@@ -15,7 +15,10 @@
 
 use int4::{KvCache, Model};
 
-use crate::scheduler::PREFILL_CHUNK;
+/// The chunk a prompt is read in: every `PREFILL_CHUNK` positions from its start, the boundaries
+/// [`int4::Engine::generate`] cuts at; the scheduler reads prompts in these chunks and only whole ones are
+/// shared.
+pub const PREFILL_CHUNK: usize = 256;
 
 /// Where a new sequence's shared prefix comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
