@@ -14,8 +14,8 @@
 //! its cache freed.
 //!
 //! A finished sequence's prompt cache is kept, in whole chunks, for later prompts that begin the same way
-//! (the private `prefix` module); a new sequence starts from a copy of the longest such prefix, kept or running,
-//! and its usage reports those positions as `cached_tokens`.
+//! (the private `prefix` module); a new sequence starts from a copy of the longest such prefix, kept or
+//! running, and its usage reports those positions as `cached_tokens`.
 //!
 //! On shutdown the scheduler stops admitting, lets the running and queued sequences finish until the
 //! deadline, then ends the rest with an error update.
@@ -30,10 +30,11 @@ use int4::{Engine, FinishReason, GenerationRequest, KvCache, Prompt, Sequence, S
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Metrics;
+use crate::prefix::{PrefixCache, Source, shareable, started_from};
+
 /// The chunk a prompt is cut into, and the prompt positions a step takes shortest first (beside the
 /// longest-waiting prompt's chunk).
 pub use crate::prefix::PREFILL_CHUNK;
-use crate::prefix::{PrefixCache, Source, shareable, started_from};
 
 /// One sequence to run: its request (prompt as ids) and where its updates go.
 #[derive(Debug)]
