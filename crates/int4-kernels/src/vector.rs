@@ -15,6 +15,8 @@
 //! * `x > EXP_MAX` (127.5·ln 2 ≈ 88.38): `+∞` (the true value overflows f32 above 88.72);
 //! * NaN: NaN. No finite or infinite input gives NaN.
 
+use half::f16;
+
 use crate::isa::{Avx2Fma, Avx512, IsaCaps};
 
 /// Below this, [`VectorOps::exp`] returns 0: `ln(2⁻¹²⁶)`, where `eˣ` leaves f32's normal range.
@@ -65,6 +67,8 @@ pub struct VectorOps {
     tok: Option<Avx2Fma>,
     /// Where AVX-512 runs, the GEMM takes 16 columns per register (the same chains, so the same bits).
     wide: Option<Avx512>,
+    /// Whether F16C is usable beside AVX2 (checked on the live CPU): f16 widens eight at a time.
+    f16c: bool,
 }
 
 impl Default for VectorOps {
@@ -81,7 +85,12 @@ impl VectorOps {
 
     /// The best implementation `caps` allows (tests use it to run the portable variant on an AVX2 CPU).
     pub fn with_caps(caps: &IsaCaps) -> Self {
-        VectorOps { tok: Avx2Fma::with_caps(caps), wide: Avx512::with_caps(caps) }
+        let tok = Avx2Fma::with_caps(caps);
+        #[cfg(target_arch = "x86_64")]
+        let f16c = tok.is_some() && std::arch::is_x86_feature_detected!("f16c");
+        #[cfg(not(target_arch = "x86_64"))]
+        let f16c = false;
+        VectorOps { tok, wide: Avx512::with_caps(caps), f16c }
     }
 
     /// Whether the AVX2 + FMA variant runs.
@@ -108,6 +117,71 @@ impl VectorOps {
             _ => {
                 for (j, o) in out.iter_mut().enumerate() {
                     *o = self.dot(q, &keys[j * stride..j * stride + len]);
+                }
+            }
+        }
+    }
+
+    /// `out[h·n + j] = self.dot(&qs[h·len..(h + 1)·len], &keys[j·stride..j·stride + len])` for the `heads`
+    /// queries in `qs` (`len = qs.len() / heads`) and every key `j < n = out.len() / heads`: each bit for
+    /// bit that dot product, as [`VectorOps::dots`] gives it per query. The query heads that share a KV
+    /// head take its keys together (a block of keys at a time while it is in L1), so the keys are read once
+    /// for all of them; with AVX-512 sixteen floats go through each FMA, in the same chains. Panics if `qs`
+    /// or `out` is not a whole number of heads, or if `keys` is too short.
+    pub fn dots_heads(&self, qs: &[f32], heads: usize, keys: &[f32], stride: usize, out: &mut [f32]) {
+        assert!(
+            heads > 0 && qs.len().is_multiple_of(heads) && out.len().is_multiple_of(heads),
+            "dots_heads: not whole heads"
+        );
+        let (len, n) = (qs.len() / heads, out.len() / heads);
+        if n == 0 {
+            return;
+        }
+        assert!((n - 1) * stride + len <= keys.len(), "dots_heads: the keys are too short");
+        match (self.tok, self.wide) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX-512F, AVX2 and FMA; `qs` holds `heads·len` floats, the assert
+            // proves keys j < n readable for `len` floats at j·stride, and `out` holds `heads·n`.
+            (_, Some(_)) => unsafe {
+                crate::x86_64::avx512::dots_heads_f32(
+                    qs.as_ptr(),
+                    heads,
+                    keys.as_ptr(),
+                    stride,
+                    len,
+                    n,
+                    out.as_mut_ptr(),
+                )
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX2 and FMA; bounds as above.
+            (Some(_), None) => unsafe {
+                crate::x86_64::avx2::dots_heads_f32(qs.as_ptr(), heads, keys.as_ptr(), stride, len, n, out.as_mut_ptr())
+            },
+            _ => {
+                for (q, o) in qs.chunks_exact(len).zip(out.chunks_exact_mut(n)) {
+                    self.dots(q, keys, stride, o);
+                }
+            }
+        }
+    }
+
+    /// `dst[i] = src[i]` widened from f16, which is exact (every f16 is an f32): sixteen at a time with
+    /// AVX-512, eight with F16C, one at a time in portable Rust, every variant the same bits (a NaN stays a
+    /// NaN). A KV cache stored in f16 is read through it. Panics if the lengths differ.
+    pub fn widen_f16(&self, src: &[f16], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len(), "widen_f16 of slices of different lengths");
+        match (self.wide, self.f16c) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX-512F; both slices hold `src.len()` values.
+            (Some(_), _) => unsafe { avx512::widen_f16(src.as_ptr().cast(), dst.as_mut_ptr(), src.len()) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `f16c` is set only where the AVX2 token exists and the live CPU reports F16C; both
+            // slices hold `src.len()` values.
+            (None, true) => unsafe { avx2::widen_f16(src.as_ptr().cast(), dst.as_mut_ptr(), src.len()) },
+            _ => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = s.to_f32_const();
                 }
             }
         }
@@ -242,6 +316,40 @@ impl VectorOps {
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(
         &self,
+        mnk: (usize, usize, usize),
+        a: &[f32],
+        a_row: usize,
+        a_col: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        self.gemm_with::<false>(mnk, a, a_row, a_col, b, ldb, c, ldc);
+    }
+
+    /// [`VectorOps::gemm`] added to C: `c[i·ldc + j] += Σ_p a[i·a_row + p·a_col] · b[p·ldb + j]`, each
+    /// output's FMA chain continuing from C's value. So a product cut along `k` into pieces, each added in
+    /// order, is bit for bit the product in one call (on AVX2 and AVX-512; in portable Rust too, whose
+    /// chain also runs in `p` order). Panics as [`VectorOps::gemm`] does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_add(
+        &self,
+        mnk: (usize, usize, usize),
+        a: &[f32],
+        a_row: usize,
+        a_col: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        self.gemm_with::<true>(mnk, a, a_row, a_col, b, ldb, c, ldc);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_with<const ADD: bool>(
+        &self,
         (m, n, k): (usize, usize, usize),
         a: &[f32],
         a_row: usize,
@@ -257,8 +365,10 @@ impl VectorOps {
         assert!(ldc >= n, "gemm: ldc {ldc} < n {n}");
         assert!((m - 1) * ldc + n <= c.len(), "gemm: C is too short");
         if k == 0 {
-            for i in 0..m {
-                c[i * ldc..i * ldc + n].fill(0.0);
+            if !ADD {
+                for i in 0..m {
+                    c[i * ldc..i * ldc + n].fill(0.0);
+                }
             }
             return;
         }
@@ -270,19 +380,21 @@ impl VectorOps {
             // touches (`i·a_row + p·a_col`, `p·ldb + j`, `i·ldc + j` for i < m, j < n, p < k) is in bounds,
             // and `c` is a distinct mutable slice.
             (_, Some(_)) => unsafe {
-                avx512::gemm(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc)
+                avx512::gemm::<ADD>(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc)
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves AVX2 and FMA; the asserts above prove every index the kernel touches
             // (`i·a_row + p·a_col`, `p·ldb + j`, `i·ldc + j` for i < m, j < n, p < k) is in bounds, and `c` is
             // a distinct mutable slice.
             (Some(_), None) => unsafe {
-                avx2::gemm(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc)
+                avx2::gemm::<ADD>(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc)
             },
             _ => {
                 for i in 0..m {
                     let row = &mut c[i * ldc..i * ldc + n];
-                    row.fill(0.0);
+                    if !ADD {
+                        row.fill(0.0);
+                    }
                     for p in 0..k {
                         let av = a[i * a_row + p * a_col];
                         for (o, &bv) in row.iter_mut().zip(&b[p * ldb..p * ldb + n]) {
@@ -296,10 +408,10 @@ impl VectorOps {
 }
 
 /// The GEMM's outer loop, shared by its AVX2 and AVX-512 variants: blocks of up to six rows of A, each
-/// handed to `$rows::<R>` for its row count (an `unsafe fn` with the variant's `rows` contract).
+/// handed to `$rows::<R, ADD>` for its row count (an `unsafe fn` with the variant's `rows` contract).
 #[cfg(target_arch = "x86_64")]
 macro_rules! in_six_row_blocks {
-    ($rows:ident, $m:expr, $n:expr, $k:expr, $a:expr, $a_row:expr, $a_col:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
+    ($rows:ident, $add:ident, $m:expr, $n:expr, $k:expr, $a:expr, $a_row:expr, $a_col:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
         let (m, n, k, a_row, a_col, b, ldb, ldc) = ($m, $n, $k, $a_row, $a_col, $b, $ldb, $ldc);
         let mut i = 0;
         while i < m {
@@ -307,12 +419,12 @@ macro_rules! in_six_row_blocks {
             // Rows i..i + r are within m; the offsets stay inside the caller's ranges.
             let (a, c) = ($a.add(i * a_row), $c.add(i * ldc));
             match r {
-                6 => $rows::<6>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                5 => $rows::<5>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                4 => $rows::<4>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                3 => $rows::<3>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                2 => $rows::<2>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                _ => $rows::<1>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                6 => $rows::<6, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                5 => $rows::<5, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                4 => $rows::<4, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                3 => $rows::<3, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                2 => $rows::<2, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                _ => $rows::<1, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
             }
             i += r;
         }
@@ -495,15 +607,35 @@ mod avx2 {
         }
     }
 
-    /// One `R × 8W` tile of C: `R` rows of A against `8W` columns of B, accumulated over `k` in registers.
+    /// `dst[i]` = the f16 `src[i]` (raw bits) widened, eight at a time with F16C, the tail one at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; `src` readable and `dst` writable for `len` values.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn widen_f16(src: *const u16, dst: *mut f32, len: usize) {
+        let mut i = 0;
+        while i + 8 <= len {
+            // SAFETY: i + 8 <= len.
+            unsafe { _mm256_storeu_ps(dst.add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.add(i).cast()))) };
+            i += 8;
+        }
+        while i < len {
+            // SAFETY: i < len.
+            unsafe { *dst.add(i) = half::f16::from_bits(*src.add(i)).to_f32_const() };
+            i += 1;
+        }
+    }
+
+    /// One `R × 8W` tile of C: `R` rows of A against `8W` columns of B, accumulated over `k` in registers
+    /// (starting from C's values with `ADD`, from zero without).
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `a[r·a_row + p·a_col]` readable for `r < R`, `p < k`; `b[p·ldb
-    /// + j]` readable and `c[r·ldc + j]` writable for `j < 8W`.
+    /// + j]` readable and `c[r·ldc + j]` readable and writable for `j < 8W`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const W: usize>(
+    unsafe fn tile<const R: usize, const W: usize, const ADD: bool>(
         k: usize,
         a: *const f32,
         a_row: usize,
@@ -514,6 +646,14 @@ mod avx2 {
         ldc: usize,
     ) {
         let mut acc = [[_mm256_setzero_ps(); W]; R];
+        if ADD {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (w, v) in row.iter_mut().enumerate() {
+                    // SAFETY: r < R, 8w + 8 <= 8W: C's tile is readable (caller contract).
+                    *v = unsafe { _mm256_loadu_ps(c.add(r * ldc + 8 * w)) };
+                }
+            }
+        }
         for p in 0..k {
             // SAFETY: p < k, so row p of B has 8W readable floats from `b` (caller contract).
             let bv: [__m256; W] = std::array::from_fn(|w| unsafe { _mm256_loadu_ps(b.add(p * ldb + 8 * w)) });
@@ -540,7 +680,7 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn rows<const R: usize>(
+    pub(super) unsafe fn rows<const R: usize, const ADD: bool>(
         n: usize,
         k: usize,
         a: *const f32,
@@ -554,17 +694,18 @@ mod avx2 {
         let mut j = 0;
         while j + 16 <= n {
             // SAFETY: columns j..j + 16 are within n (the caller's bounds cover every j < n).
-            unsafe { tile::<R, 2>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { tile::<R, 2, ADD>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
             j += 16;
         }
         if j + 8 <= n {
             // SAFETY: columns j..j + 8 are within n.
-            unsafe { tile::<R, 1>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { tile::<R, 1, ADD>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
             j += 8;
         }
         while j < n {
             for r in 0..R {
-                let mut s = 0.0f32;
+                // SAFETY: r < R, j < n: C is readable there (caller contract).
+                let mut s = if ADD { unsafe { *c.add(r * ldc + j) } } else { 0.0f32 };
                 for p in 0..k {
                     // SAFETY: r < R, p < k, j < n: in bounds by the caller's contract.
                     unsafe { s = (*a.add(r * a_row + p * a_col)).mul_add(*b.add(p * ldb + j), s) };
@@ -576,14 +717,15 @@ mod avx2 {
         }
     }
 
-    /// `c[i·ldc + j] = Σ_p a[i·a_row + p·a_col]·b[p·ldb + j]`, six rows at a time.
+    /// `c[i·ldc + j] = Σ_p a[i·a_row + p·a_col]·b[p·ldb + j]` (with `ADD`, `c[i·ldc + j] + Σ…`, the FMA
+    /// chains continuing from C), six rows at a time.
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `m, n, k ≥ 1`; `a` readable at every `i·a_row + p·a_col`, `b` at
     /// every `p·ldb + j` and `c` writable at every `i·ldc + j` (i < m, j < n, p < k).
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm(
+    pub unsafe fn gemm<const ADD: bool>(
         m: usize,
         n: usize,
         k: usize,
@@ -596,7 +738,7 @@ mod avx2 {
         ldc: usize,
     ) {
         // SAFETY: the caller's contract is `rows`' for every block of up to six rows.
-        unsafe { in_six_row_blocks!(rows, m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
+        unsafe { in_six_row_blocks!(rows, ADD, m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
     }
 }
 
@@ -608,6 +750,25 @@ mod avx512 {
 
     use std::arch::x86_64::*;
 
+    /// `dst[i]` = the f16 `src[i]` (raw bits) widened, sixteen at a time, the tail one at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `src` readable and `dst` writable for `len` values.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn widen_f16(src: *const u16, dst: *mut f32, len: usize) {
+        let mut i = 0;
+        while i + 16 <= len {
+            // SAFETY: i + 16 <= len.
+            unsafe { _mm512_storeu_ps(dst.add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i).cast()))) };
+            i += 16;
+        }
+        while i < len {
+            // SAFETY: i < len.
+            unsafe { *dst.add(i) = half::f16::from_bits(*src.add(i)).to_f32_const() };
+            i += 1;
+        }
+    }
+
     /// Rows `0..R` of A against columns `0..16W` of B.
     ///
     /// # Safety
@@ -616,7 +777,7 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const W: usize>(
+    unsafe fn tile<const R: usize, const W: usize, const ADD: bool>(
         k: usize,
         a: *const f32,
         a_row: usize,
@@ -627,6 +788,14 @@ mod avx512 {
         ldc: usize,
     ) {
         let mut acc = [[_mm512_setzero_ps(); W]; R];
+        if ADD {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (w, v) in row.iter_mut().enumerate() {
+                    // SAFETY: r < R, 16w + 16 <= 16W: C's tile is readable (caller contract).
+                    *v = unsafe { _mm512_loadu_ps(c.add(r * ldc + 16 * w)) };
+                }
+            }
+        }
         for p in 0..k {
             // SAFETY: p < k, so row p of B has 16W readable floats from `b` (caller contract).
             let bv: [__m512; W] = std::array::from_fn(|w| unsafe { _mm512_loadu_ps(b.add(p * ldb + 16 * w)) });
@@ -654,7 +823,7 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows<const R: usize>(
+    unsafe fn rows<const R: usize, const ADD: bool>(
         n: usize,
         k: usize,
         a: *const f32,
@@ -668,26 +837,27 @@ mod avx512 {
         let mut j = 0;
         while j + 64 <= n {
             // SAFETY: columns j..j + 64 are within n (the caller's bounds cover every j < n).
-            unsafe { tile::<R, 4>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { tile::<R, 4, ADD>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
             j += 64;
         }
         if j + 32 <= n {
             // SAFETY: columns j..j + 32 are within n.
-            unsafe { tile::<R, 2>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { tile::<R, 2, ADD>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
             j += 32;
         }
         if j + 16 <= n {
             // SAFETY: columns j..j + 16 are within n.
-            unsafe { tile::<R, 1>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { tile::<R, 1, ADD>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
             j += 16;
         }
         if j < n {
             // SAFETY: columns j..n are within the caller's bounds; AVX2 and FMA are enabled here.
-            unsafe { super::avx2::rows::<R>(n - j, k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { super::avx2::rows::<R, ADD>(n - j, k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
         }
     }
 
-    /// `c[i·ldc + j] = Σ_p a[i·a_row + p·a_col]·b[p·ldb + j]`, six rows at a time.
+    /// `c[i·ldc + j] = Σ_p a[i·a_row + p·a_col]·b[p·ldb + j]` (with `ADD`, continuing from C), six rows
+    /// at a time.
     ///
     /// # Safety
     /// The CPU must support AVX-512F, AVX2 and FMA; `m, n, k ≥ 1`; `a` readable at every
@@ -695,7 +865,7 @@ mod avx512 {
     /// p < k).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm(
+    pub unsafe fn gemm<const ADD: bool>(
         m: usize,
         n: usize,
         k: usize,
@@ -708,7 +878,7 @@ mod avx512 {
         ldc: usize,
     ) {
         // SAFETY: the caller's contract is `rows`' for every block of up to six rows.
-        unsafe { in_six_row_blocks!(rows, m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
+        unsafe { in_six_row_blocks!(rows, ADD, m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
     }
 }
 
@@ -719,7 +889,7 @@ mod tests {
 
     #[test]
     fn dot_and_axpy_match_plain_loops_on_every_length() {
-        let ops = [VectorOps::new(), VectorOps { tok: None, wide: None }];
+        let ops = [VectorOps::new(), VectorOps { tok: None, wide: None, f16c: false }];
         for len in [0usize, 1, 7, 8, 9, 31, 32, 33, 64, 100] {
             let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
             let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
@@ -741,7 +911,7 @@ mod tests {
     /// tails, key counts around the eight-key blocks, and strides wider than the head.
     #[test]
     fn dots_are_bit_for_bit_dot_per_key() {
-        let ops = [VectorOps::new(), VectorOps { tok: None, wide: None }];
+        let ops = [VectorOps::new(), VectorOps { tok: None, wide: None, f16c: false }];
         for len in [1usize, 7, 8, 13, 32, 64, 70, 128] {
             for n in [0usize, 1, 7, 8, 9, 16, 23] {
                 let stride = len + 5;
@@ -754,6 +924,95 @@ mod tests {
                         let want = op.dot(&q, &keys[j * stride..j * stride + len]);
                         assert_eq!(o.to_bits(), want.to_bits(), "len {len} n {n} key {j}");
                     }
+                }
+            }
+        }
+    }
+
+    /// `dots_heads` gives every head and key the bits `dot` gives them, on every variant this CPU runs
+    /// (AVX-512, AVX2 alone, portable), for head sizes with and without whole 32-float steps and tails,
+    /// key counts around the eight-key blocks, and one to four heads.
+    #[test]
+    fn dots_heads_are_bit_for_bit_dot_per_head_and_key() {
+        let caps = IsaCaps::process();
+        let ops = [
+            VectorOps::new(),
+            VectorOps { tok: Avx2Fma::with_caps(caps), wide: None, f16c: false },
+            VectorOps { tok: None, wide: None, f16c: false },
+        ];
+        for len in [1usize, 7, 8, 13, 16, 24, 32, 40, 64, 70, 128] {
+            for n in [0usize, 1, 7, 8, 9, 16, 23] {
+                for heads in 1..=4 {
+                    let stride = heads * len + 3;
+                    let qs: Vec<f32> = (0..heads * len).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+                    let keys: Vec<f32> = (0..n * stride + len).map(|i| (i as f32 * 0.113).cos() * 1.7).collect();
+                    for op in &ops {
+                        let mut out = vec![f32::NAN; heads * n];
+                        op.dots_heads(&qs, heads, &keys, stride, &mut out);
+                        for (i, o) in out.iter().enumerate() {
+                            let (h, j) = (i / n, i % n);
+                            let want = op.dot(&qs[h * len..(h + 1) * len], &keys[j * stride..j * stride + len]);
+                            assert_eq!(o.to_bits(), want.to_bits(), "len {len} n {n} heads {heads} head {h} key {j}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `gemm_add` over pieces of `k`, added in order, is bit for bit one `gemm` over the whole of `k`, on
+    /// every variant this CPU runs, for row counts around the six-row blocks and column counts that reach
+    /// every tile width and the single-column tail.
+    #[test]
+    fn gemm_added_in_pieces_of_k_is_one_gemm() {
+        let caps = IsaCaps::process();
+        let ops = [
+            VectorOps::new(),
+            VectorOps { tok: Avx2Fma::with_caps(caps), wide: None, f16c: false },
+            VectorOps { tok: None, wide: None, f16c: false },
+        ];
+        for (m, n, k) in [(1usize, 64usize, 300usize), (3, 64, 257), (7, 95, 40), (2, 13, 9), (6, 120, 33)] {
+            let (a_row, ldb, ldc) = (k + 2, n + 5, n + 1);
+            let a: Vec<f32> = (0..m * a_row).map(|i| (i as f32 * 0.29).sin()).collect();
+            let b: Vec<f32> = (0..k * ldb).map(|i| (i as f32 * 0.071).cos() * 2.3).collect();
+            for op in &ops {
+                let mut want = vec![f32::NAN; m * ldc];
+                op.gemm((m, n, k), &a, a_row, 1, &b, ldb, &mut want, ldc);
+                let mut got = vec![0.0f32; m * ldc];
+                for (p0, p1) in [(0, k / 3), (k / 3, k / 3), (k / 3, k - 5), (k - 5, k)] {
+                    op.gemm_add((m, n, p1 - p0), &a[p0..], a_row, 1, &b[p0 * ldb..], ldb, &mut got, ldc);
+                }
+                for i in 0..m {
+                    for j in 0..n {
+                        let (g, w) = (got[i * ldc + j], want[i * ldc + j]);
+                        assert_eq!(g.to_bits(), w.to_bits(), "m {m} n {n} k {k}: c[{i}][{j}] {g} against {w}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every f16 bit pattern widens to the value `half` gives it (a NaN to a NaN) on every variant this
+    /// CPU runs, at lengths that leave tails of each width.
+    #[test]
+    fn widen_f16_is_exact_for_every_bit_pattern() {
+        let caps = IsaCaps::process();
+        let f16c = VectorOps::with_caps(&caps.with_max_level(crate::isa::IsaLevel::Avx2));
+        let ops = [VectorOps::new(), f16c, VectorOps { tok: None, wide: None, f16c: false }];
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        for op in &ops {
+            for len in [all.len(), 1, 7, 8, 15, 17, 33] {
+                let src = &all[all.len() - len..];
+                let mut dst = vec![0.5f32; len];
+                op.widen_f16(src, &mut dst);
+                for (s, d) in src.iter().zip(&dst) {
+                    let want = s.to_f32_const();
+                    assert!(
+                        d.to_bits() == want.to_bits() || (d.is_nan() && want.is_nan()),
+                        "{op:?}: {:#06x} widened to {d} ({:#010x}), want {want}",
+                        s.to_bits(),
+                        d.to_bits()
+                    );
                 }
             }
         }

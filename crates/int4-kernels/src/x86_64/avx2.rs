@@ -279,7 +279,7 @@ unsafe fn dot_lanes(a: *const f32, b: *const f32, len: usize) -> __m256 {
 /// # Safety
 /// `a` and `b` readable for `len` floats.
 #[inline]
-unsafe fn dot_tail(a: *const f32, b: *const f32, len: usize, mut s: f32) -> f32 {
+pub(crate) unsafe fn dot_tail(a: *const f32, b: *const f32, len: usize, mut s: f32) -> f32 {
     for i in len - len % 8..len {
         // SAFETY: i < len.
         unsafe { s = (*a.add(i)).mul_add(*b.add(i), s) };
@@ -301,7 +301,7 @@ pub unsafe fn dot_f32(a: *const f32, b: *const f32, len: usize) -> f32 {
 /// (`((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`), so each is bit for bit `hsum(v[t])`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum8(v: [__m256; 8]) -> [f32; 8] {
+pub(crate) fn hsum8(v: [__m256; 8]) -> [f32; 8] {
     // Halves added: [v_t.lo + v_t.hi | v_t+1.lo + v_t+1.hi] for the pairs (0, 1), (2, 3), (4, 5), (6, 7).
     let half = |x: __m256, y: __m256| {
         _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(x, y), _mm256_permute2f128_ps::<0x31>(x, y))
@@ -339,6 +339,47 @@ pub unsafe fn dots_f32(q: *const f32, keys: *const f32, stride: usize, len: usiz
     while j < n {
         // SAFETY: key j < n is readable and out[j] writable.
         unsafe { *out.add(j) = dot_f32(q, keys.add(j * stride), len) };
+        j += 1;
+    }
+}
+
+/// `out[h·n + j] = Σ_i q[h·len + i]·keys[j·stride + i]` for the `heads` queries `q[h·len..]` (the query
+/// heads that share one KV head) and keys `j < n`: each bit for bit [`dot_f32`]`(q + h·len, keys +
+/// j·stride, len)`. Every head takes a block of eight keys in turn while the block is in L1, so the keys
+/// are read from memory once, not once per head.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `q` readable for `heads·len` floats, `keys` for `(n − 1)·stride +
+/// len` floats when `n > 0`, `out` writable for `heads·n`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dots_heads_f32(
+    q: *const f32,
+    heads: usize,
+    keys: *const f32,
+    stride: usize,
+    len: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    let mut j = 0;
+    while j + 8 <= n {
+        for h in 0..heads {
+            // SAFETY: h < heads, so query h's `len` floats are readable.
+            let qh = unsafe { q.add(h * len) };
+            // SAFETY: keys j..j + 8 lie within the n the caller made readable.
+            let v: [__m256; 8] = std::array::from_fn(|t| unsafe { dot_lanes(qh, keys.add((j + t) * stride), len) });
+            for (t, s) in hsum8(v).into_iter().enumerate() {
+                // SAFETY: as above; out[h·n + j + t] is writable for h < heads, j + t < n.
+                unsafe { *out.add(h * n + j + t) = dot_tail(qh, keys.add((j + t) * stride), len, s) };
+            }
+        }
+        j += 8;
+    }
+    while j < n {
+        for h in 0..heads {
+            // SAFETY: query h and key j < n are readable and out[h·n + j] writable.
+            unsafe { *out.add(h * n + j) = dot_f32(q.add(h * len), keys.add(j * stride), len) };
+        }
         j += 1;
     }
 }

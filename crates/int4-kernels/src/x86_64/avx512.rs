@@ -581,3 +581,75 @@ pub unsafe fn gemm_microkernel_bf16<const MR: usize, const L: usize>(
         }
     }
 }
+
+/// [`super::avx2::dot_f32`]'s lanes before the horizontal sum, sixteen floats per FMA: its chains `c0, c1`
+/// are the halves of one 512-bit accumulator and `c2, c3` of another (a 512-bit load of sixteen floats is
+/// the two 8-float loads of `c0` and `c1`), the last partial 32-float step goes to `c0` eight at a time,
+/// and the halves combine as `(c0 + c1) + (c2 + c3)`: the same roundings, so the same bits.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and FMA; `a` and `b` readable for `len` floats.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dot_lanes_f32(a: *const f32, b: *const f32, len: usize) -> __m256 {
+    let (mut c01, mut c23) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut i = 0;
+    while i + 32 <= len {
+        // SAFETY: i + 32 <= len, so floats i..i + 32 of both are readable.
+        unsafe {
+            c01 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), c01);
+            c23 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 16)), _mm512_loadu_ps(b.add(i + 16)), c23);
+        }
+        i += 32;
+    }
+    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let mut c0 = _mm512_castps512_ps256(c01);
+    while i + 8 <= len {
+        // SAFETY: i + 8 <= len.
+        unsafe { c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), c0) };
+        i += 8;
+    }
+    _mm256_add_ps(_mm256_add_ps(c0, high(c01)), _mm256_add_ps(_mm512_castps512_ps256(c23), high(c23)))
+}
+
+/// [`super::avx2::dots_heads_f32`] with sixteen floats per FMA: every score bit for bit the AVX2 one.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and FMA; `q` readable for `heads·len` floats, `keys` for `(n − 1)·
+/// stride + len` floats when `n > 0`, `out` writable for `heads·n`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn dots_heads_f32(
+    q: *const f32,
+    heads: usize,
+    keys: *const f32,
+    stride: usize,
+    len: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    use super::avx2::{dot_tail, hsum, hsum8};
+    let mut j = 0;
+    while j + 8 <= n {
+        for h in 0..heads {
+            // SAFETY: h < heads, so query h's `len` floats are readable.
+            let qh = unsafe { q.add(h * len) };
+            // SAFETY: keys j..j + 8 lie within the n the caller made readable.
+            let v: [__m256; 8] = std::array::from_fn(|t| unsafe { dot_lanes_f32(qh, keys.add((j + t) * stride), len) });
+            for (t, s) in hsum8(v).into_iter().enumerate() {
+                // SAFETY: as above; out[h·n + j + t] is writable for h < heads, j + t < n.
+                unsafe { *out.add(h * n + j + t) = dot_tail(qh, keys.add((j + t) * stride), len, s) };
+            }
+        }
+        j += 8;
+    }
+    while j < n {
+        for h in 0..heads {
+            // SAFETY: query h and key j < n are readable and out[h·n + j] writable.
+            unsafe {
+                let (qh, key) = (q.add(h * len), keys.add(j * stride));
+                *out.add(h * n + j) = dot_tail(qh, key, len, hsum(dot_lanes_f32(qh, key, len)));
+            }
+        }
+        j += 1;
+    }
+}
