@@ -201,27 +201,29 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r
                 }
             }
         }
+        // The group's zero points, scales and offsets, shared by its rows.
+        // SAFETY: the block's [G][16] zero points hold 16 at g·16.
+        let z = b.zeros.map(|z| _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * 16).cast()) }));
+        // SAFETY: the block's [G][16] scales hold 16 at g·16.
+        let ws = unsafe { _mm512_loadu_ps(b.w_scales.as_ptr().add(g * 16)) };
+        // SAFETY: the block's [G][16] offsets hold 16 at g·16.
+        let f = b.offsets.map(|f| unsafe { _mm512_loadu_ps(f.as_ptr().add(g * 16)) });
         for (r, &acc) in acc.iter().enumerate() {
             let row = r0 + r;
-            let z = match b.zeros {
-                // SAFETY: the block's [G][16] zero points hold 16 at g·16.
-                Some(z) => _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * 16).cast()) }),
-                None => _mm512_set1_epi32(8),
-            };
             let sum_i = b.sums[row * b.groups + g];
-            let sum = _mm512_set1_epi32(sum_i);
-            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_mullo_epi32(z, sum)));
-            // SAFETY: the block's [G][16] scales hold 16 at g·16.
-            let ws = unsafe { _mm512_loadu_ps(b.w_scales.as_ptr().add(g * 16)) };
+            // z·Σx per lane; with the implicit zero 8 the same wrapping product, taken once in a scalar.
+            let zsum = match z {
+                Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(sum_i)),
+                None => _mm512_set1_epi32(sum_i.wrapping_mul(8)),
+            };
+            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zsum));
             let a_scale = _mm512_set1_ps(b.a_scales[row * b.groups + g]);
             let s = _mm512_mul_ps(a_scale, ws);
             // SAFETY: row < m, so out[row·16 .. +16] is within out.
             let o = unsafe { out.as_mut_ptr().add(row * 16) };
             // SAFETY: as above.
             let mut acc_f = _mm512_fmadd_ps(v, s, unsafe { _mm512_loadu_ps(o) });
-            if let Some(f) = b.offsets {
-                // SAFETY: the block's [G][16] offsets hold 16 at g·16.
-                let f = unsafe { _mm512_loadu_ps(f.as_ptr().add(g * 16)) };
+            if let Some(f) = f {
                 acc_f = _mm512_fmadd_ps(_mm512_set1_ps(sum_i as f32), _mm512_mul_ps(a_scale, f), acc_f);
             }
             // SAFETY: as above.
