@@ -1,8 +1,8 @@
 //! `int4 bench`: a model's speed with llama-bench's interface and rows, so the two tools' tables line up.
 //!
 //! Flags as llama-bench spells them — `-m` (repeatable or comma-separated), `-p`, `-n`, `-pg pp,tg`, `-r`,
-//! `-t`, `-o md|csv|json|jsonl` — plus `--path`, `--group` and `--head-bits`, which say how int4 runs
-//! the model. Every combination of model, path and thread count is one configuration; each of its tests
+//! `-t`, `-o md|csv|json|jsonl` — plus `--path`, `--group`, `--head-bits` and `--kv`, which say how int4
+//! runs the model (the KV cache's type goes in llama-bench's `type_k` and `type_v` fields). Every combination of model, path and thread count is one configuration; each of its tests
 //! (`ppN`, `tgN`, `ppN+tgM`) runs once untimed, then `-r` times, through [`int4::speed`] (the runs the
 //! benchmark binaries time too). A row reports tokens per second as the mean and standard deviation over
 //! the repetitions, and every sample.
@@ -191,6 +191,8 @@ fn row(model: &str, engine: &Engine, threads: usize, test: Test, samples: &[f64]
         "model_size": engine.model.weight_bytes(),
         "model_n_params": parameters(config),
         "path": engine.plan.path.to_string(),
+        "type_k": engine.model.kv_type().name(),
+        "type_v": engine.model.kv_type().name(),
         "n_threads": threads,
         "n_prompt": test.n_prompt,
         "n_gen": test.n_gen,
@@ -258,7 +260,7 @@ impl Printer {
                 )?;
             }
             Format::Csv => {
-                const KEYS: [&str; 12] = [
+                const KEYS: [&str; 14] = [
                     "build_commit",
                     "cpu_info",
                     "model_filename",
@@ -266,6 +268,8 @@ impl Printer {
                     "model_size",
                     "model_n_params",
                     "path",
+                    "type_k",
+                    "type_v",
                     "n_threads",
                     "n_prompt",
                     "n_gen",

@@ -1,11 +1,11 @@
 //! What every command that loads a model shares: the flags that say how (`--path`, `--priority`, `--group`,
-//! `--head-bits`) and the load options they make, with a progress bar for a first packing. Its own module
+//! `--head-bits`, `--kv`) and the load options they make, with a progress bar for a first packing. Its own module
 //! so that each command's module (`bench`, and the ones in `main`) reads it without importing the others.
 
 use clap::builder::TypedValueParser;
 use int4::layout::GroupSize;
 use int4::select::policy::Priority;
-use int4::{HeadBits, LoadOptions, PackProgress, RunPath};
+use int4::{HeadBits, KvType, LoadOptions, PackProgress, RunPath};
 
 /// `--path`: one of [`RunPath::ALL`]'s names, listed in `--help`.
 pub(crate) fn path_parser() -> impl clap::builder::TypedValueParser<Value = RunPath> {
@@ -26,6 +26,16 @@ pub(crate) struct QuantArgs {
     /// tied embedding follows the head). Default: the runtime's.
     #[arg(long)]
     pub(crate) head_bits: Option<u8>,
+    /// How the KV cache stores keys and values: f32, or f16 (half the bytes attention reads at long
+    /// contexts). Default: f16 with speed priority, f32 with fidelity priority or `--path f32`.
+    #[arg(long, value_parser = kv_parser())]
+    pub(crate) kv: Option<KvType>,
+}
+
+/// `--kv`: one of [`KvType::ALL`]'s names, listed in `--help`.
+fn kv_parser() -> impl clap::builder::TypedValueParser<Value = KvType> {
+    clap::builder::PossibleValuesParser::new(KvType::ALL.map(KvType::name))
+        .map(|name| name.parse::<KvType>().expect("every listed name parses"))
 }
 
 impl QuantArgs {
@@ -36,6 +46,9 @@ impl QuantArgs {
         }
         if let Some(b) = self.head_bits {
             opts.head_bits = HeadBits::from_bits(b.into()).ok_or_else(|| format!("--head-bits {b}: 4 or 8"))?;
+        }
+        if self.kv.is_some() {
+            opts.kv = self.kv;
         }
         Ok(())
     }

@@ -559,6 +559,7 @@ fn info(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
         p.prefill.kernel,
         p.layout
     )?;
+    outln!("  kv cache     {} (--kv f32 or f16)", info.kv)?;
     match info.cached {
         Some(true) => outln!("  cache        packed weights cached: the next load is warm")?,
         Some(false) => outln!("  cache        not cached: the next load packs the weights")?,
@@ -719,7 +720,13 @@ fn serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     opts.max_connections = a.max_connections;
     // Sequences get caches of their own size; the engine's session context is not used.
     let engine = load_engine(&a.model, &a.run, 16)?;
-    errln!("[int4] load {:.2} s ({}); path {}", engine.load_time.as_secs_f64(), packed_from(&engine), engine.plan.path);
+    errln!(
+        "[int4] load {:.2} s ({}); path {}, {} KV cache",
+        engine.load_time.as_secs_f64(),
+        packed_from(&engine),
+        engine.plan.path,
+        engine.model.kv_type()
+    );
     int4_serve::serve(engine, opts, |addr| {
         errln!("[int4] serving {} on http://{addr}/v1", a.served_model_name.as_deref().unwrap_or(&a.model));
     })?;
@@ -856,10 +863,14 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let docs = int4_quant::eval::read_text(a.text.as_deref())?;
     start_threads(a.engine.threads)?;
     let prio = priority(&a.engine.priority)?;
-    let load = |dir: &std::path::Path, path: RunPath| -> Result<Engine, Box<dyn std::error::Error>> {
+    // The reference keeps every key and value exact whatever `--kv` says: `--kv` is the evaluated path's.
+    let load = |dir: &std::path::Path, path: RunPath, reference: bool| -> Result<Engine, Box<dyn std::error::Error>> {
         let mut opts = load_options(RunPath::Auto, prio, a.ctx, a.engine.no_cache)?;
         opts.path = path;
         a.engine.apply(&mut opts)?;
+        if reference {
+            opts.kv = Some(int4::KvType::F32);
+        }
         let engine = Engine::load(dir, &opts)?;
         for w in &engine.warnings {
             errln!("[int4] warning: {w}");
@@ -871,8 +882,8 @@ fn eval(a: EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(r) => int4::resolve_model(r)?,
         None => model.clone(),
     };
-    let reference = load(&ref_model, a.reference)?;
-    let evaluated = load(&model, a.path)?;
+    let reference = load(&ref_model, a.reference, true)?;
+    let evaluated = load(&model, a.path, false)?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     bar.set_style(

@@ -45,7 +45,7 @@
 //!
 //! `tokens` is the number of scored positions; `top1_accuracy` and `top1_agreement` are fractions in
 //! `[0, 1]` (the table prints percentages); `numerics` names what actually ran (`f32`, `bf16`,
-//! `w4a16 gN`, `wna16 gN`, `w4a8 gN`). Fields may be added under the same schema name; none will be
+//! `w4a16 gN`, `wna16 gN`, `w4a8 gN`, followed by `, f16 KV` where the KV cache stores f16). Fields may be added under the same schema name; none will be
 //! renamed or change meaning without a new one.
 
 use std::fmt;
@@ -54,7 +54,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use int4::{Engine, HeadBits, Model, Numerics, argmax};
+use int4::{Engine, HeadBits, KvType, Model, Numerics, argmax};
 
 /// The `schema` field of an [`EvalReport`].
 pub const SCHEMA: &str = "int4-eval/1";
@@ -221,7 +221,7 @@ impl fmt::Display for EvalError {
                  {position}): compare models that share a tokenizer"
             ),
             EvalErrorKind::InexactReference { numerics } => {
-                write!(f, "the reference runs {numerics}: it must be exact, bf16 or f32")
+                write!(f, "the reference runs {numerics}: it must be exact, bf16 or f32 with an f32 KV cache")
             }
             EvalErrorKind::NonFiniteLogits { model, window, position } => {
                 write!(f, "the {model} model produced a non-finite logit (window {window}, position {position})")
@@ -271,6 +271,14 @@ pub fn numerics_label(n: Numerics) -> String {
         }
         Numerics::W8a8 { activations, .. } => format!("w8a8 g32 ({} activation scales)", activations.name()),
         Numerics::W8a16 { .. } => "w8a16 g32".into(),
+    }
+}
+
+/// What a model runs: [`numerics_label`], and `, f16 KV` where its KV cache stores f16.
+fn run_label(model: &Model) -> String {
+    match model.kv_type() {
+        KvType::F32 => numerics_label(model.numerics()),
+        kv => format!("{}, {kv} KV", numerics_label(model.numerics())),
     }
 }
 
@@ -575,8 +583,10 @@ pub fn evaluate_from(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<EvalReport, EvalError> {
     check_models(&path.model, &reference.model, ctx)?;
-    if !matches!(reference.model.numerics(), Numerics::F32 { .. } | Numerics::Bf16 { .. }) {
-        return Err(EvalErrorKind::InexactReference { numerics: numerics_label(reference.model.numerics()) }.into());
+    if !matches!(reference.model.numerics(), Numerics::F32 { .. } | Numerics::Bf16 { .. })
+        || reference.model.kv_type() != KvType::F32
+    {
+        return Err(EvalErrorKind::InexactReference { numerics: run_label(&reference.model) }.into());
     }
     if score_from + 1 >= ctx {
         return Err(EvalErrorKind::ScoreFromTooLarge { score_from, ctx }.into());
@@ -621,7 +631,7 @@ pub fn evaluate_from(
     }
     let scores = |e: &Engine, nll: f64, correct: usize| ModelScores {
         model: e.dir.clone(),
-        numerics: numerics_label(e.model.numerics()),
+        numerics: run_label(&e.model),
         perplexity: tally.mean(nll).exp(),
         mean_nll: tally.mean(nll),
         top1_accuracy: tally.frac(correct),

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use int4::layout::GroupSize;
-use int4::{Engine, LoadOptions, RunPath};
+use int4::{Engine, KvType, LoadOptions, RunPath};
 use int4_quant::eval::{EvalError, EvalErrorKind, EvalReport, evaluate, evaluate_from, read_text};
 use int4_test_support::{Rng, tiny_model};
 use safetensors::tensor::{Dtype, TensorView};
@@ -103,9 +103,9 @@ fn a_quantized_path_differs_from_the_reference() {
     let texts = text_dir("q", &[("eval-01.txt", words(120, 11))]);
     let docs = read_text(Some(&texts)).unwrap();
     for (path, group, label) in [
-        (RunPath::W4a16, GroupSize::G32, "w4a16 g32 (8-bit head)"),
-        (RunPath::W4a8, GroupSize::G32, "w4a8 g32 (per-group activation scales, 8-bit head)"),
-        (RunPath::Bf16, GroupSize::G128, "bf16"),
+        (RunPath::W4a16, GroupSize::G32, "w4a16 g32 (8-bit head), f16 KV"),
+        (RunPath::W4a8, GroupSize::G32, "w4a8 g32 (per-group activation scales, 8-bit head), f16 KV"),
+        (RunPath::Bf16, GroupSize::G128, "bf16, f16 KV"),
     ] {
         let e = load(&dir, path, group);
         let r = evaluate(&e, &reference, &docs, 48, |_, _| {}).unwrap();
@@ -116,6 +116,30 @@ fn a_quantized_path_differs_from_the_reference() {
         assert_eq!((r.windows, r.tokens), (3, 117));
         check_schema(&r);
     }
+}
+
+/// A reference must be exact: a bf16 reference whose KV cache stores f16 (what speed priority gives the
+/// bf16 path) is refused, and the same reference with an f32 cache is taken.
+#[test]
+fn a_reference_with_a_16_bit_kv_cache_is_refused() {
+    let dir = tiny_model("eval-kv");
+    let texts = text_dir("kv", &[("eval-01.txt", words(60, 5))]);
+    let docs = read_text(Some(&texts)).unwrap();
+    let path = load(&dir, RunPath::W4a16, GroupSize::G32);
+    let half = load(&dir, RunPath::Bf16, GroupSize::G128);
+    assert_eq!(half.model.kv_type(), KvType::F16);
+    let e = evaluate(&path, &half, &docs, 48, |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("the reference runs bf16, f16 KV") && e.contains("f32 KV cache"), "{e}");
+    let opts = LoadOptions {
+        path: RunPath::Bf16,
+        group_size: GroupSize::G128,
+        context: 64,
+        cache: None,
+        kv: Some(KvType::F32),
+        ..LoadOptions::default()
+    };
+    let exact = Engine::load(&dir, &opts).unwrap();
+    assert!(evaluate(&path, &exact, &docs, 48, |_, _| {}).is_ok());
 }
 
 /// The `--json` document: the documented keys, and nothing renamed.

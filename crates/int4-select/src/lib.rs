@@ -19,7 +19,9 @@ pub mod policy;
 pub mod probe;
 pub mod snapshot;
 
-pub use policy::{CheckpointKind, HeadBits, Overrides, Plan, PolicyError, Priority, RunPath, Rung, plan};
+pub use policy::{
+    CheckpointKind, HeadBits, KvType, Overrides, Plan, PolicyError, Priority, RunPath, Rung, kv_type, plan,
+};
 pub use snapshot::{AmxPermission, CpuSnapshot, Usable};
 
 /// A CPU profile (`INT4_CPU_PROFILE`) that could not be loaded.

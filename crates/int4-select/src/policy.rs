@@ -184,6 +184,78 @@ impl std::str::FromStr for RunPath {
     }
 }
 
+/// How a KV cache stores the keys and values attention reads back at every later position.
+///
+/// At long contexts those reads are most of a decode step's memory traffic (on SmolLM2, 46 KiB a position
+/// in f32: a 2,500-token sequence reads more KV than weights), so their width is a speed choice with a
+/// fidelity price, and [`kv_type`] makes it by the priority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvType {
+    /// f32: exactly the values the layers computed.
+    F32,
+    /// IEEE half precision, rounded to nearest (llama.cpp's default cache type): half the bytes, each
+    /// value kept to 11 significant bits (relative error at most 2⁻¹¹; beyond ±65504 it is infinite).
+    F16,
+}
+
+impl KvType {
+    /// Every type, in `--kv`'s order.
+    pub const ALL: [KvType; 2] = [KvType::F32, KvType::F16];
+
+    /// The name `--kv` takes and `int4 info` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+
+    /// Bytes one stored value takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A KV cache type name that is not one of [`KvType::ALL`]'s.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownKvType(pub String);
+
+impl std::fmt::Display for UnknownKvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown KV cache type {:?}: expected f32 or f16", self.0)
+    }
+}
+
+impl std::error::Error for UnknownKvType {}
+
+impl std::str::FromStr for KvType {
+    type Err = UnknownKvType;
+
+    fn from_str(s: &str) -> Result<Self, UnknownKvType> {
+        KvType::ALL.into_iter().find(|t| t.name() == s.trim()).ok_or_else(|| UnknownKvType(s.to_string()))
+    }
+}
+
+/// The KV cache type for `priority` on `path`: f16 for speed (half the bytes attention reads; docs/policy.md
+/// measures what it costs in KL), f32 for fidelity and on the f32 reference path, which exists to give the
+/// unrounded model.
+pub fn kv_type(priority: Priority, path: RunPath) -> KvType {
+    match (priority, path) {
+        (Priority::Fidelity, _) | (_, RunPath::F32) => KvType::F32,
+        (Priority::Speed, _) => KvType::F16,
+    }
+}
+
 /// User and checkpoint overrides, and the grid the load will run the 4-bit layers on (what the W4A8 rule
 /// reads). Precedence for `dequant_threshold` and `direct_dequant`: the checkpoint's key, then the plan's
 /// measured value, then the crate default.

@@ -26,12 +26,13 @@ use int4_kernels::w4a8::ActivationScales;
 use int4_kernels::w4a16::W4A16Config;
 use int4_layout::GroupSize;
 use int4_layout::tinygemm::TinygemmBlock;
-use int4_select::policy::{CheckpointKind, Overrides, PackedLayout, Plan, Priority, RunPath, plan};
+use int4_select::policy::{CheckpointKind, KvType, Overrides, PackedLayout, Plan, Priority, RunPath, plan};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result, at};
+use crate::kv::KvCache;
 use crate::linear::{HeadBits, Numerics};
-use crate::model::{KvCache, LinearSpec, Model, linear_specs};
+use crate::model::{LinearSpec, Model, linear_specs};
 use crate::model_dir::ModelDir;
 use crate::quantized::QuantFormat;
 use crate::sampling::GenerationDefaults;
@@ -62,6 +63,8 @@ pub struct LoadOptions {
     pub direct_dequant: Option<bool>,
     /// W4A8: activation scales per group (default) or per token.
     pub activation_scales: ActivationScales,
+    /// How KV caches store keys and values (`None`: the policy's choice, [`int4_select::kv_type`]).
+    pub kv: Option<KvType>,
     /// The bits of a head the checkpoint stores unquantized, on the packed paths (default 8: llama.cpp's
     /// Q8_0 grid, for a tied head the embedding too, as docs/quantize.md measures; 4 is smaller and faster).
     pub head_bits: HeadBits,
@@ -80,6 +83,14 @@ impl std::fmt::Debug for PackProgress {
     }
 }
 
+impl LoadOptions {
+    /// How KV caches store keys and values under these options: `kv` where set, else the policy's choice
+    /// for the priority and path ([`int4_select::policy::kv_type`]).
+    pub fn kv_type(&self) -> KvType {
+        self.kv.unwrap_or_else(|| int4_select::policy::kv_type(self.priority, self.path))
+    }
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
@@ -94,6 +105,7 @@ impl Default for LoadOptions {
             progress: None,
             direct_dequant: None,
             activation_scales: ActivationScales::default(),
+            kv: None,
             head_bits: HeadBits::default(),
             caps: *IsaCaps::process(),
         }
@@ -217,6 +229,8 @@ impl Engine {
                 (Model::load(cfg, &ckpt, numerics, None, format.as_ref())?, from)
             }
         };
+        let mut model = model;
+        model.set_kv_type(opts.kv_type());
         let text = TextCodec::load_in(&model_dir)?;
         // What the load read and no longer needs (a GGUF's parsed metadata, the tokenizer's JSON) goes back
         // before the engine runs: a warm load's anonymous memory is the model's, not its loading's.
@@ -463,6 +477,8 @@ pub struct ModelInfo {
     pub gguf_q4_1: Option<serde_json::Value>,
     /// The plan this machine would run it with.
     pub plan: Plan,
+    /// How its KV cache would store keys and values.
+    pub kv: KvType,
     /// Whether the artifact cache holds its packed weights for that plan.
     pub cached: Option<bool>,
     /// Warnings a load would print.
@@ -568,6 +584,7 @@ impl Engine {
             }),
             gguf_q4_1,
             plan,
+            kv: opts.kv_type(),
             cached,
             warnings,
         })

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::{Engine, PREFILL_CHUNK};
 use crate::error::{Error, Result};
-use crate::model::KvCache;
+use crate::kv::KvCache;
 use crate::sampling::{MAX_TOP_LOGPROBS, Sampler, SamplingOverrides, TokenLogprobs};
 use crate::text::{ChatOptions, TextStream};
 use int4_template::Messages;

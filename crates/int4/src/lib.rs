@@ -33,8 +33,8 @@
 //! * `linear` — a linear layer on the kernel the plan chose, reporting which kernel runs each phase;
 //! * `quantized` — the linears of `cpu_int4`, GPTQ, AWQ and GGUF checkpoints as codes and parameters
 //!   ([`QuantLinear`], and [`Int8Codes`] for a GGUF's 8-bit blocks);
-//! * `model` — [`Model`]: the forward pass and [`KvCache`], and [`ForwardObserver`] for tools that need each
-//!   linear's inputs (GPTQ calibration);
+//! * `model` — [`Model`]: the forward pass, and [`ForwardObserver`] for tools that need each linear's
+//!   inputs (GPTQ calibration); `kv` — [`KvCache`], keys and values stored as f32 or f16 ([`KvType`]);
 //! * `sampling` — penalties, temperature, min-p, top-k, top-p and seeded draws, and log-probabilities
 //!   ([`SamplingParams`], [`Sampler`]); `text` — tokenizer, incremental decoding and chat template
 //!   ([`TextCodec`]; templates rendered by [`template`] as transformers renders them, run under a time and
@@ -58,6 +58,7 @@ mod config;
 mod engine;
 mod error;
 mod generation;
+mod kv;
 mod linear;
 mod model;
 mod model_dir;
@@ -75,10 +76,10 @@ pub use generation::{
     CancelToken, FinishReason, Generation, GenerationRequest, MAX_STOP_BYTES, MAX_STOP_STRINGS, Next, Prompt, Sequence,
     TokenEvent, Usage,
 };
+pub use kv::KvCache;
 pub use linear::{HeadBits, INT8_GROUP, Linear, Numerics, SectionSource};
 pub use model::{
-    Dispatched, ForwardObserver, KvCache, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, StepEntry,
-    linear_specs,
+    Dispatched, ForwardObserver, LayerFlow, LayerKernels, LinearSlot, LinearSpec, Model, StepEntry, linear_specs,
 };
 pub use model_dir::{CONFIG_CAP, ModelDir, ModelSource, TEMPLATE_CAP, TOKENIZER_CAP, resolve_model};
 pub use quantized::{
@@ -91,7 +92,7 @@ pub use sampling::{
 pub use text::{ChatOptions, MAX_NORMALIZER_GROWTH, TEMPLATE_OUTPUT_CAP, TextCodec, TextStream};
 pub use weights::{Checkpoint, StoredTensor};
 
-pub use int4_select::{Plan, Priority, RunPath};
+pub use int4_select::{KvType, Plan, Priority, RunPath};
 
 pub use int4_cache as cache;
 pub use int4_gguf as gguf;

@@ -7,10 +7,12 @@
 
 use int4_kernels::KernelId;
 use int4_kernels::vector::VectorOps;
+use int4_select::KvType;
 use rayon::prelude::*;
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
+use crate::kv::{Heads, KvCache, Plane};
 use crate::linear::{Linear, Numerics, SectionSource};
 use crate::quantized::{QuantFormat, StoredLinear, gguf_stored_bits, gguf_wide, read_gguf_linear, read_linear};
 use crate::weights::Checkpoint;
@@ -65,100 +67,13 @@ pub struct Model {
     head: Linear,
     inv_freq: Vec<f64>,
     numerics: Numerics,
+    /// How the caches [`Model::kv_cache`] makes store keys and values.
+    kv: KvType,
 }
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model").field("config", &self.cfg).field("numerics", &self.numerics).finish_non_exhaustive()
-    }
-}
-
-/// Keys and values of every layer for the positions seen so far, sized for a context chosen up front.
-#[derive(Debug)]
-pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    /// The token at each stored position.
-    ids: Vec<u32>,
-    len: usize,
-    capacity: usize,
-    width: usize,
-}
-
-impl KvCache {
-    /// Positions stored.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether nothing is stored.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The most positions it can hold.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Forgets every position (the allocation is kept).
-    pub fn clear(&mut self) {
-        self.truncate(0);
-    }
-
-    /// Keeps the first `len` positions and forgets the rest (nothing if it holds fewer).
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-        self.ids.truncate(self.len);
-    }
-
-    /// The token at each stored position, in order.
-    pub fn ids(&self) -> &[u32] {
-        &self.ids
-    }
-
-    /// Bytes allocated.
-    pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.capacity * self.width * 4
-    }
-
-    /// Replaces what this cache holds with the first `positions` positions of `source` (keys, values and
-    /// ids, as they are): continued from there, it gives what `source`'s sequence would. An error, with
-    /// this cache unchanged, when `source` was made for another model, holds fewer positions, or they do
-    /// not fit this cache.
-    pub fn copy_prefix_from(&mut self, source: &KvCache, positions: usize) -> Result<()> {
-        if source.k.len() != self.k.len() || source.width != self.width {
-            return Err(Error::input("KV cache", "the cache to copy from was made for another model"));
-        }
-        if positions > source.len || positions > self.capacity {
-            return Err(Error::input(
-                "KV cache",
-                format!(
-                    "cannot copy {positions} positions from a cache holding {} into one of {}",
-                    source.len, self.capacity
-                ),
-            ));
-        }
-        let n = positions * self.width;
-        for (dst, src) in self.k.iter_mut().zip(&source.k).chain(self.v.iter_mut().zip(&source.v)) {
-            dst[..n].copy_from_slice(&src[..n]);
-        }
-        self.ids.clear();
-        self.ids.extend_from_slice(&source.ids[..positions]);
-        self.len = positions;
-        Ok(())
-    }
-
-    /// Makes the capacity the positions held, releasing the memory past them (a cache kept only to be
-    /// copied from).
-    pub fn shrink_to_len(&mut self) {
-        let n = self.len * self.width;
-        for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
-            layer.truncate(n);
-            layer.shrink_to_fit();
-        }
-        self.ids.shrink_to_fit();
-        self.capacity = self.len;
     }
 }
 
@@ -271,6 +186,10 @@ fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
     }
 }
 
+/// Keys (then values) a decode row widens at a time from a 16-bit cache: 64 KiB of f32 at SmolLM2's head
+/// size, so the block is still in L2 when the scores or `P·V` read it.
+const KV_WIDEN_KEYS: usize = 256;
+
 /// A run of at least this many query rows (one sequence, consecutive positions) takes the block path.
 const ATTN_BLOCK_MIN_ROWS: usize = 4;
 /// Below this many flops a layer's attention runs on the calling thread (on SmolLM2, a decode step in the
@@ -330,8 +249,8 @@ pub struct StepEntry<'a> {
 /// A run of [`ATTN_BLOCK_MIN_ROWS`] rows or more (prefill) has each KV head's keys transposed once, shared
 /// by its query blocks, which compute scores as a GEMM (`S = Q·Kᵀ`), the softmax numerators with the
 /// vectorised `exp`, then `P·V` as a GEMM; shorter runs (decode) take a dot product per key and query head
-/// (eight keys' horizontal sums at a time, [`VectorOps::dots`]) and the same `P·V` GEMM over the group's
-/// heads.
+/// (the group's query heads together, eight keys at a time, [`VectorOps::dots_heads`]) and the same `P·V`
+/// GEMM over the group's heads.
 ///
 /// Error budget (u = 2⁻²⁴; against exact arithmetic on the same q, K, V): a score is one FMA chain of `hd`
 /// terms (`hd·u·Σ|q·k|`, as the dot product before); `exp((s − max)·scale)` adds two roundings of the
@@ -377,31 +296,48 @@ fn attention(
     let flops: usize = tasks.iter().map(|&(i0, r, ..)| 4 * r * (pos[i0 + r - 1] + 1) * group * hd).sum();
     let parallel = flops >= ATTN_PARALLEL_FLOPS;
     // Each prefill run's keys, transposed once per KV head (`[hd][ld]`, ld the run's keys rounded up to
-    // whole vectors) for all its query blocks; empty for decode runs.
-    let transpose = |x: usize| -> Vec<f32> {
+    // whole vectors) for all its query blocks, and, from a 16-bit cache, its values widened to f32
+    // (`[keys][hd]`); both empty for decode runs.
+    let prepare = |x: usize| -> (Vec<f32>, Vec<f32>) {
         let ((first, keys), kvh) = (runs[x / nkv], x % nkv);
         if keys == 0 {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
-        let (kc, kw, ld) = (&caches[seq[first]].k[li], nkv * hd, keys.next_multiple_of(8));
+        let cache = caches[seq[first]];
+        let (kp, vp, heads, ld) = (&cache.k[li], &cache.v[li], cache.heads(), keys.next_multiple_of(8));
+        let keys_f32;
+        let kc = match kp.head_f32(heads, kvh) {
+            Some(kc) => &kc[..keys * hd],
+            None => {
+                let mut wide = vec![0.0f32; keys * hd];
+                kp.widen(ops, heads, kvh, 0, &mut wide);
+                keys_f32 = wide;
+                &keys_f32
+            }
+        };
         let mut kt = vec![0.0f32; hd * ld];
-        for j in 0..keys {
-            for (d, &v) in kc[j * kw + kvh * hd..j * kw + (kvh + 1) * hd].iter().enumerate() {
+        for (j, key) in kc.chunks_exact(hd).enumerate() {
+            for (d, &v) in key.iter().enumerate() {
                 kt[d * ld + j] = v;
             }
         }
-        kt
+        let mut vw = Vec::new();
+        if vp.head_f32(heads, kvh).is_none() {
+            vw = vec![0.0f32; keys * hd];
+            vp.widen(ops, heads, kvh, 0, &mut vw);
+        }
+        (kt, vw)
     };
-    let kts: Vec<Vec<f32>> = if parallel {
-        (0..runs.len() * nkv).into_par_iter().map(transpose).collect()
+    let prepared: Vec<(Vec<f32>, Vec<f32>)> = if parallel {
+        (0..runs.len() * nkv).into_par_iter().map(prepare).collect()
     } else {
-        (0..runs.len() * nkv).map(transpose).collect()
+        (0..runs.len() * nkv).map(prepare).collect()
     };
     let run = |&(i0, r, kvh, run_id): &(usize, usize, usize, usize)| -> Vec<f32> {
         let cache = caches[seq[i0]];
-        let kt = &kts[run_id * nkv + kvh];
+        let (kt, vw) = &prepared[run_id * nkv + kvh];
         let keys_t = (kt.as_slice(), runs[run_id].1.next_multiple_of(8));
-        attend_block(ops, shape, qkv, (&cache.k[li], &cache.v[li]), keys_t, kvh, i0, r, pos[i0])
+        attend_block(ops, shape, qkv, (&cache.k[li], &cache.v[li], cache.heads()), keys_t, vw, kvh, i0, r, pos[i0])
     };
     let outs: Vec<Vec<f32>> =
         if parallel { tasks.par_iter().map(run).collect() } else { tasks.iter().map(run).collect() };
@@ -415,15 +351,22 @@ fn attention(
 }
 
 /// One attention task: rows `i0..i0 + r` (positions `p0..p0 + r`) and the query heads of KV head `kvh`.
-/// `(kt, ld)` are the head's keys transposed (`[hd][ld]`, at least `p0 + r` keys) when `r` reaches
-/// [`ATTN_BLOCK_MIN_ROWS`]. Returns `[r][group·hd]`.
+/// `(kt, ld)` are the head's keys transposed (`[hd][ld]`, at least `p0 + r` keys) and `vw` its values
+/// widened to f32 (`[keys][hd]`, from a 16-bit cache only) when `r` reaches [`ATTN_BLOCK_MIN_ROWS`].
+/// Returns `[r][group·hd]`.
+///
+/// Decode from a 16-bit cache widens [`KV_WIDEN_KEYS`] keys (then values) at a time into a buffer that
+/// stays in cache: the scores are the same dot products, and `P·V` the same FMA chains continued block
+/// after block ([`VectorOps::gemm_add`]), so the result is bit for bit what an f32 cache holding the same
+/// values gives.
 #[allow(clippy::too_many_arguments)]
 fn attend_block(
     ops: &VectorOps,
     shape: AttnShape,
     qkv: &[f32],
-    (kc, vc): (&[f32], &[f32]),
+    (kp, vp, heads): (&Plane, &Plane, Heads),
     (kt, kt_ld): (&[f32], usize),
+    vw: &[f32],
     kvh: usize,
     i0: usize,
     r: usize,
@@ -431,12 +374,15 @@ fn attend_block(
 ) -> Vec<f32> {
     let AttnShape { hd, nh, nkv, qkv_n, scale } = shape;
     let group = nh / nkv;
-    let (gw, kw, koff) = (group * hd, nkv * hd, kvh * hd);
+    let gw = group * hd;
     // Row t sees keys 0..=p0 + t.
     let nk = p0 + r;
     let mut out = vec![0.0f32; r * gw];
     let mut inv = vec![0.0f32; r.max(group)];
+    // This head's keys and values, `[position][hd]`, where the cache stores f32.
+    let (kc, vc) = (kp.head_f32(heads, kvh), vp.head_f32(heads, kvh));
     if r >= ATTN_BLOCK_MIN_ROWS {
+        let vb = vc.unwrap_or(vw);
         let ld = nk.next_multiple_of(8);
         let mut s = vec![0.0f32; r * ld];
         for g in 0..group {
@@ -449,31 +395,124 @@ fn attend_block(
                 *w = 1.0 / ops.softmax_exp(&mut row[..len], max, scale);
                 row[len..].fill(0.0);
             }
-            ops.gemm((r, hd, nk), &s, ld, 1, &vc[koff..], kw, &mut out[g * hd..], gw);
+            ops.gemm((r, hd, nk), &s, ld, 1, vb, hd, &mut out[g * hd..], gw);
             for (t, &w) in inv.iter().enumerate().take(r) {
                 ops.scale(w, &mut out[t * gw + g * hd..t * gw + (g + 1) * hd]);
             }
         }
     } else {
         let mut s = vec![0.0f32; group * nk];
+        // From a 16-bit cache: a block of keys or values widened, and the block's scores.
+        let block = if kc.is_some() && vc.is_some() { 0 } else { KV_WIDEN_KEYS.min(nk) };
+        let (mut wide, mut scores) = (vec![0.0f32; block * hd], vec![0.0f32; group * block]);
         for t in 0..r {
             let len = p0 + t + 1;
+            let q0 = (i0 + t) * qkv_n + kvh * gw;
+            let qs = &qkv[q0..q0 + gw];
+            match kc {
+                Some(kc) => ops.dots_heads(qs, group, &kc[..len * hd], hd, &mut s[..group * len]),
+                None => {
+                    for c0 in (0..len).step_by(block) {
+                        let n = (len - c0).min(block);
+                        kp.widen(ops, heads, kvh, c0, &mut wide[..n * hd]);
+                        ops.dots_heads(qs, group, &wide[..n * hd], hd, &mut scores[..group * n]);
+                        for g in 0..group {
+                            s[g * len + c0..g * len + c0 + n].copy_from_slice(&scores[g * n..(g + 1) * n]);
+                        }
+                    }
+                }
+            }
             for (g, w) in inv.iter_mut().enumerate().take(group) {
-                let h = kvh * group + g;
-                let q = &qkv[(i0 + t) * qkv_n + h * hd..(i0 + t) * qkv_n + (h + 1) * hd];
                 let row = &mut s[g * len..(g + 1) * len];
-                ops.dots(q, &kc[koff..], kw, row);
                 let max = ops.max(row);
                 *w = 1.0 / ops.softmax_exp(row, max, scale);
             }
             let o = &mut out[t * gw..(t + 1) * gw];
-            ops.gemm((group, hd, len), &s, len, 1, &vc[koff..], kw, o, hd);
+            match vc {
+                Some(vc) => ops.gemm((group, hd, len), &s, len, 1, vc, hd, o, hd),
+                None => {
+                    for c0 in (0..len).step_by(block) {
+                        let n = (len - c0).min(block);
+                        vp.widen(ops, heads, kvh, c0, &mut wide[..n * hd]);
+                        ops.gemm_add((group, hd, n), &s[c0..], len, 1, &wide[..n * hd], hd, o, hd);
+                    }
+                }
+            }
             for (g, &w) in inv.iter().enumerate().take(group) {
                 ops.scale(w, &mut o[g * hd..(g + 1) * hd]);
             }
         }
     }
     out
+}
+
+#[cfg(test)]
+mod attention_tests {
+    use super::*;
+    use int4_kernels::isa::{IsaCaps, IsaLevel};
+
+    /// Deterministic values in about ±3, varied enough that f16 rounding moves most of them.
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 7919 + seed * 104_729) as f32 * 0.000_37).sin() * 3.0 + (i % 13) as f32 * 0.011).collect()
+    }
+
+    /// Attention over an f16 cache is bit for bit attention over an f32 cache holding the same rounded
+    /// values: decode rows past several widened blocks (700 keys) and inside the first (4 keys), and a
+    /// prefill run, in one call as a step batches them, for SmolLM2's shape and one with a head size off
+    /// whole vectors, on every vector variant this CPU runs. An f32 cache of the unrounded values differs.
+    #[test]
+    fn a_16_bit_cache_attends_as_an_f32_cache_of_the_same_rounded_values() {
+        let caps = IsaCaps::process();
+        let variants = [
+            VectorOps::new(),
+            VectorOps::with_caps(&caps.with_max_level(IsaLevel::Avx2)),
+            VectorOps::with_caps(&caps.with_max_level(IsaLevel::Portable)),
+        ];
+        for (hd, nh, nkv) in [(64usize, 9usize, 3usize), (24, 4, 2)] {
+            let kw = nkv * hd;
+            let qkv_n = (nh + 2 * nkv) * hd;
+            let shape = AttnShape { hd, nh, nkv, qkv_n, scale: 1.0 / (hd as f32).sqrt() };
+            // Rows: a decode row of sequence 0 at position 699, a prefill run of sequence 1 at 295..300,
+            // a decode row of sequence 2 at position 3.
+            let (seq, pos) = (vec![0, 1, 1, 1, 1, 1, 2], vec![699, 295, 296, 297, 298, 299, 3]);
+            let lens = [700usize, 300, 4];
+            let qkv = values(seq.len() * qkv_n, 1);
+            let caches_of = |kv: KvType, round: bool| -> Vec<KvCache> {
+                lens.iter()
+                    .enumerate()
+                    .map(|(c, &len)| {
+                        let mut cache = KvCache::zeroed(1, len, nkv, hd, kv);
+                        let heads = cache.heads();
+                        for (plane, seed) in [(&mut cache.k[0], 10 + c), (&mut cache.v[0], 20 + c)] {
+                            let mut x = values(len * kw, seed);
+                            if round {
+                                x.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+                            }
+                            for (p, row) in x.chunks_exact(kw).enumerate() {
+                                plane.write_position(heads, p, row);
+                            }
+                        }
+                        cache
+                    })
+                    .collect()
+            };
+            let run = |ops: &VectorOps, caches: &[KvCache]| -> Vec<f32> {
+                let refs: Vec<&KvCache> = caches.iter().collect();
+                let mut out = vec![f32::NAN; seq.len() * nh * hd];
+                attention(ops, shape, &qkv, &seq, &pos, &refs, 0, &mut out);
+                out
+            };
+            let (half, rounded, exact) =
+                (caches_of(KvType::F16, false), caches_of(KvType::F32, true), caches_of(KvType::F32, false));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for ops in &variants {
+                let got = run(ops, &half);
+                assert!(got.iter().all(|x| x.is_finite()), "hd {hd}: every output written");
+                assert_eq!(bits(&got), bits(&run(ops, &rounded)), "hd {hd}, {ops:?}");
+                assert_ne!(bits(&got), bits(&run(ops, &exact)), "hd {hd}: the f16 cache rounds");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -827,6 +866,7 @@ impl Model {
             layers,
             head,
             numerics,
+            kv: KvType::F32,
         })
     }
 
@@ -840,10 +880,21 @@ impl Model {
         self.numerics
     }
 
+    /// How the caches [`Model::kv_cache`] makes store keys and values (f32 unless set).
+    pub fn kv_type(&self) -> KvType {
+        self.kv
+    }
+
+    /// Makes the caches [`Model::kv_cache`] makes from now on store `kv` (the engine sets what the policy
+    /// or the user chose).
+    pub fn set_kv_type(&mut self, kv: KvType) {
+        self.kv = kv;
+    }
+
     /// The bytes a KV cache of `positions` positions takes.
     pub fn kv_cache_bytes(&self, positions: usize) -> usize {
         let width = self.cfg.num_kv_heads * self.cfg.head_dim;
-        [self.cfg.num_layers, positions, width, 4].iter().fold(2usize, |acc, &x| acc.saturating_mul(x))
+        [self.cfg.num_layers, positions, width, self.kv.bytes()].iter().fold(2usize, |acc, &x| acc.saturating_mul(x))
     }
 
     /// A KV cache for `context` positions (not the model's maximum): fails with a clear error before
@@ -853,7 +904,7 @@ impl Model {
         let need = 2usize
             .checked_mul(self.cfg.num_layers)
             .and_then(|x| x.checked_mul(context))
-            .and_then(|x| x.checked_mul(width * 4))
+            .and_then(|x| x.checked_mul(width * self.kv.bytes()))
             .ok_or_else(|| Error::input("KV cache", "size overflows"))?;
         if need > max_bytes {
             return Err(Error::input(
@@ -874,14 +925,7 @@ impl Model {
                 ),
             ));
         }
-        Ok(KvCache {
-            k: (0..self.cfg.num_layers).map(|_| vec![0.0; context * width]).collect(),
-            v: (0..self.cfg.num_layers).map(|_| vec![0.0; context * width]).collect(),
-            ids: Vec::new(),
-            len: 0,
-            capacity: context,
-            width,
-        })
+        Ok(KvCache::zeroed(self.cfg.num_layers, context, self.cfg.num_kv_heads, self.cfg.head_dim, self.kv))
     }
 
     /// The kernels each kind of layer runs in decode (M = 1) and prefill (M = `prefill_m`).
@@ -1092,15 +1136,15 @@ impl Model {
             pos.push(next[s]);
             next[s] += 1;
         }
-        let width = cfg.num_kv_heads * cfg.head_dim;
         for (c, &end) in caches.iter().zip(&next) {
-            if c.k.len() != cfg.num_layers || c.width != width {
+            let heads = c.heads();
+            if c.k.len() != cfg.num_layers || (heads.count, heads.dim) != (cfg.num_kv_heads, cfg.head_dim) {
                 return Err(Error::input("KV cache", "was made for another model"));
             }
-            if end > c.capacity {
+            if end > c.capacity() {
                 return Err(Error::input(
                     "context",
-                    format!("{end} positions exceed the context of {} chosen for this session", c.capacity),
+                    format!("{end} positions exceed the context of {} chosen for this session", c.capacity()),
                 ));
             }
         }
@@ -1151,8 +1195,9 @@ impl Model {
                     apply_rope(v, cs);
                 }
                 let kw = nkv * hd;
-                cache.k[li][p * kw..(p + 1) * kw].copy_from_slice(&row[nh * hd..nh * hd + kw]);
-                cache.v[li][p * kw..(p + 1) * kw].copy_from_slice(&row[nh * hd + kw..nh * hd + 2 * kw]);
+                let heads = cache.heads();
+                cache.k[li].write_position(heads, p, &row[nh * hd..nh * hd + kw]);
+                cache.v[li].write_position(heads, p, &row[nh * hd + kw..nh * hd + 2 * kw]);
             }
             let caches_now: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
             attention(&ops, shape, &qkv, seq, &pos, &caches_now, li, &mut attn);

@@ -54,7 +54,7 @@ fn prompt_ids(engine: &Engine, n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| first + i % span).collect()
 }
 
-fn generate(engine: &Engine, cache: &mut crate::model::KvCache, mut logits: Vec<f32>, n: usize) -> Result<()> {
+fn generate(engine: &Engine, cache: &mut crate::kv::KvCache, mut logits: Vec<f32>, n: usize) -> Result<()> {
     for _ in 0..n {
         logits = engine.model.forward(&[argmax(&logits)], cache, false)?;
     }

@@ -14,7 +14,7 @@ use int4::cache::ArtifactStore;
 use int4::layout::gptq::{self, ZeroFormat};
 use int4::layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_integer_zero, quantize_symmetric};
 use int4::layout::{GroupSize, rowmajor};
-use int4::{Engine, LoadOptions, PackedFrom, RunPath};
+use int4::{Engine, KvType, LoadOptions, PackedFrom, RunPath};
 use int4_test_support::{CONFIG, tiny_model};
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -212,8 +212,16 @@ fn checkpoints(name: &str, format: Format, tied: bool) -> (PathBuf, PathBuf) {
     (quant_dir, plain_dir)
 }
 
+/// An engine on `path` whose KV cache keeps f32 on every path, so that what these tests compare with the
+/// dense reference is the kernels' arithmetic alone.
 fn engine(dir: &Path, path: RunPath, cache: Option<&Path>) -> Engine {
-    let opts = LoadOptions { path, context: 64, cache: cache.map(ArtifactStore::new), ..LoadOptions::default() };
+    let opts = LoadOptions {
+        path,
+        context: 64,
+        cache: cache.map(ArtifactStore::new),
+        kv: Some(KvType::F32),
+        ..LoadOptions::default()
+    };
     Engine::load(dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 

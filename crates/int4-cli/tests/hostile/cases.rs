@@ -1267,7 +1267,7 @@ fn key_matrix(tiny: &Path, cases: &mut Vec<Case>) {
     let prompt = "w3 w4 w7 w9 w11 w13 w17 w19 w23 w29 w31 w37 w41 w43 w47 w53 w59 w61";
     /// The environment and the flags of one combination.
     type Combo<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
-    let combos: [Combo<'_>; 20] = [
+    let combos: [Combo<'_>; 21] = [
         (&[], &["--path", "w4a16"]),
         (&[], &["--path", "w4a16", "--head-bits", "4"]),
         (&[], &["--path", "w4a16", "--group", "64"]),
@@ -1278,6 +1278,7 @@ fn key_matrix(tiny: &Path, cases: &mut Vec<Case>) {
         (&[], &["--path", "w4a8", "--act-scales", "per-token"]),
         (&[], &["--path", "w4a8", "--head-bits", "8"]),
         (&[], &["--path", "w4a8", "--head-bits", "8", "--act-scales", "per-token"]),
+        (&[], &["--path", "w4a8", "--kv", "f32"]),
         (&[], &["--path", "auto", "--priority", "fidelity"]),
         (&[("INT4_ISA", "avx2")], &["--path", "w4a16"]),
         (&[("INT4_ISA", "avx2")], &["--path", "w4a8"]),
@@ -1472,6 +1473,7 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
     cases.push(case("flag-head-bits-5", g(&["--head-bits", "5"]), Expect::Error("--head-bits 5: 4 or 8")));
     cases.push(case("flag-group-48", g(&["--group", "48"]), Expect::Error("--group 48")));
     cases.push(case("flag-group-huge", g(&["--group", "99999999999999999999"]), Expect::Usage("--group")));
+    cases.push(case("flag-kv-f8", g(&["--kv", "f8"]), Expect::Usage("[possible values: f32, f16]")));
     cases.push(case(
         "info-head-bits-3",
         Invocation::new(&["info", &t, "--head-bits", "3"]),

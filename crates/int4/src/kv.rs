@@ -1,0 +1,224 @@
+//! The KV cache: every layer's keys and values for the positions a sequence has seen, stored as f32 or
+//! f16 ([`KvType`], which the policy picks by priority).
+//!
+//! Why a 16-bit cache: past a few hundred positions attention's reads of the cache outgrow a decode step's
+//! reads of the 4-bit weights (SmolLM2 keeps 46 KiB of f32 keys and values a position, 110 MiB at 2,500),
+//! and those reads run at memory speed. f16 halves them. Planes are head-major ([`Heads`]): the positions
+//! of the one KV head an attention task reads are contiguous, so attention widens a block of them from f16
+//! in one pass (F16C where the CPU has it) into an f32 buffer that stays in cache, and runs the f32
+//! kernels on it. A 16-bit cache therefore gives bit for bit what an f32 cache holding the same rounded
+//! values gives; the only new error is the rounding of each stored value (relative 2⁻¹¹).
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use int4_kernels::vector::VectorOps;
+use int4_select::KvType;
+
+use crate::error::{Error, Result};
+
+/// Where a plane keeps a value: KV head `h`, position `p` and dimension `d` at `(h·capacity + p)·dim + d`.
+/// Head-major, so the positions of one head, which one attention task reads, are contiguous: a block of
+/// them widens from f16 in one pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Heads {
+    /// KV heads.
+    pub(crate) count: usize,
+    /// Values per head and position.
+    pub(crate) dim: usize,
+    /// Positions per head.
+    pub(crate) capacity: usize,
+}
+
+/// One layer's keys or values, laid out as [`Heads`] says.
+#[derive(Debug)]
+pub(crate) enum Plane {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Plane {
+    fn zeros(kv: KvType, len: usize) -> Plane {
+        match kv {
+            KvType::F32 => Plane::F32(vec![0.0; len]),
+            KvType::F16 => Plane::F16(vec![f16::ZERO; len]),
+        }
+    }
+
+    /// Stores position `p` of every head from `row` (`[head][dim]`), rounded to this plane's type.
+    pub(crate) fn write_position(&mut self, g: Heads, p: usize, row: &[f32]) {
+        for (h, values) in row.chunks_exact(g.dim).enumerate().take(g.count) {
+            let at = (h * g.capacity + p) * g.dim;
+            match self {
+                Plane::F32(x) => x[at..at + g.dim].copy_from_slice(values),
+                Plane::F16(x) => x[at..at + g.dim].convert_from_f32_slice(values),
+            }
+        }
+    }
+
+    /// Every position of head `h` (`[capacity][dim]`), where this plane stores f32.
+    pub(crate) fn head_f32(&self, g: Heads, h: usize) -> Option<&[f32]> {
+        match self {
+            Plane::F32(x) => Some(&x[h * g.capacity * g.dim..(h + 1) * g.capacity * g.dim]),
+            Plane::F16(_) => None,
+        }
+    }
+
+    /// Head `h`'s positions from `p0` on, widened to f32 into `out` (`out.len() / dim` positions).
+    pub(crate) fn widen(&self, ops: &VectorOps, g: Heads, h: usize, p0: usize, out: &mut [f32]) {
+        let at = (h * g.capacity + p0) * g.dim;
+        match self {
+            Plane::F32(x) => out.copy_from_slice(&x[at..at + out.len()]),
+            Plane::F16(x) => ops.widen_f16(&x[at..at + out.len()], out),
+        }
+    }
+
+    /// Copies the first `positions` of every head from `source` (laid out as `from`) into this plane
+    /// (laid out as `to`).
+    fn copy_prefix(&mut self, to: Heads, source: &Plane, from: Heads, positions: usize) {
+        let n = positions * to.dim;
+        for h in 0..to.count {
+            let (d, s) = (h * to.capacity * to.dim, h * from.capacity * from.dim);
+            match (&mut *self, source) {
+                (Plane::F32(x), Plane::F32(y)) => x[d..d + n].copy_from_slice(&y[s..s + n]),
+                (Plane::F16(x), Plane::F16(y)) => x[d..d + n].copy_from_slice(&y[s..s + n]),
+                _ => unreachable!("copy_prefix_from checks that both caches store the same type"),
+            }
+        }
+    }
+
+    /// Keeps the first `positions` of every head, laid out for a capacity of `positions`, and releases the
+    /// rest.
+    fn shrink(&mut self, g: Heads, positions: usize) {
+        fn keep<T: Copy>(x: &mut Vec<T>, g: Heads, positions: usize) {
+            let n = positions * g.dim;
+            let mut kept = Vec::with_capacity(g.count * n);
+            for h in 0..g.count {
+                let at = h * g.capacity * g.dim;
+                kept.extend_from_slice(&x[at..at + n]);
+            }
+            *x = kept;
+        }
+        match self {
+            Plane::F32(x) => keep(x, g, positions),
+            Plane::F16(x) => keep(x, g, positions),
+        }
+    }
+}
+
+/// Keys and values of every layer for the positions seen so far, sized for a context chosen up front.
+#[derive(Debug)]
+pub struct KvCache {
+    pub(crate) k: Vec<Plane>,
+    pub(crate) v: Vec<Plane>,
+    /// The token at each stored position.
+    pub(crate) ids: Vec<u32>,
+    pub(crate) len: usize,
+    heads: Heads,
+    kv: KvType,
+}
+
+impl KvCache {
+    /// An empty cache of `layers` layers, `capacity` positions of `heads` KV heads of `dim` values, stored
+    /// as `kv` (the caller has checked that its bytes are allowed and available).
+    pub(crate) fn zeroed(layers: usize, capacity: usize, heads: usize, dim: usize, kv: KvType) -> KvCache {
+        let len = capacity * heads * dim;
+        KvCache {
+            k: (0..layers).map(|_| Plane::zeros(kv, len)).collect(),
+            v: (0..layers).map(|_| Plane::zeros(kv, len)).collect(),
+            ids: Vec::new(),
+            len: 0,
+            heads: Heads { count: heads, dim, capacity },
+            kv,
+        }
+    }
+
+    /// How its planes are laid out.
+    pub(crate) fn heads(&self) -> Heads {
+        self.heads
+    }
+
+    /// Positions stored.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions it can hold.
+    pub fn capacity(&self) -> usize {
+        self.heads.capacity
+    }
+
+    /// How keys and values are stored.
+    pub fn kv_type(&self) -> KvType {
+        self.kv
+    }
+
+    /// Forgets every position (the allocation is kept).
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Keeps the first `len` positions and forgets the rest (nothing if it holds fewer).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.ids.truncate(self.len);
+    }
+
+    /// The token at each stored position, in order.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        let Heads { count, dim, capacity } = self.heads;
+        2 * self.k.len() * capacity * count * dim * self.kv.bytes()
+    }
+
+    /// Replaces what this cache holds with the first `positions` positions of `source` (keys, values and
+    /// ids, as they are): continued from there, it gives what `source`'s sequence would. An error, with
+    /// this cache unchanged, when `source` was made for another model or stores another type, holds fewer
+    /// positions, or they do not fit this cache.
+    pub fn copy_prefix_from(&mut self, source: &KvCache, positions: usize) -> Result<()> {
+        let (from, to) = (source.heads, self.heads);
+        if source.k.len() != self.k.len() || (from.count, from.dim) != (to.count, to.dim) {
+            return Err(Error::input("KV cache", "the cache to copy from was made for another model"));
+        }
+        if source.kv != self.kv {
+            return Err(Error::input(
+                "KV cache",
+                format!("the cache to copy from stores {}, this one {}", source.kv, self.kv),
+            ));
+        }
+        if positions > source.len || positions > to.capacity {
+            return Err(Error::input(
+                "KV cache",
+                format!(
+                    "cannot copy {positions} positions from a cache holding {} into one of {}",
+                    source.len, to.capacity
+                ),
+            ));
+        }
+        for (dst, src) in self.k.iter_mut().zip(&source.k).chain(self.v.iter_mut().zip(&source.v)) {
+            dst.copy_prefix(to, src, from, positions);
+        }
+        self.ids.clear();
+        self.ids.extend_from_slice(&source.ids[..positions]);
+        self.len = positions;
+        Ok(())
+    }
+
+    /// Makes the capacity the positions held, releasing the memory past them (a cache kept only to be
+    /// copied from).
+    pub fn shrink_to_len(&mut self) {
+        for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+            layer.shrink(self.heads, self.len);
+        }
+        self.ids.shrink_to_fit();
+        self.heads.capacity = self.len;
+    }
+}
