@@ -100,7 +100,15 @@ fn main() {
     let new_tokens = if quick { 16 } else { 64 };
     let ref_dir = args.reference.clone();
     let load_from = |dir: &std::path::Path, path: RunPath, group: GroupSize, head_bits: HeadBits| {
-        let opts = LoadOptions { path, group_size: group, context: 4096, head_bits, ..LoadOptions::default() };
+        // An f32 KV cache on every path, so what is measured against the f32 path is the weights' numerics.
+        let opts = LoadOptions {
+            path,
+            group_size: group,
+            context: 4096,
+            head_bits,
+            kv: Some(int4::KvType::F32),
+            ..LoadOptions::default()
+        };
         Engine::load(dir, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
     };
     let load = |path: RunPath, group: GroupSize, head_bits| load_from(&dir, path, group, head_bits);

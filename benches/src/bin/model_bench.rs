@@ -408,7 +408,7 @@ fn main() {
             "tg": if l.spec.light { plan.tg.min(32) } else { plan.tg }, "tg_tok_s_mean": tm, "tg_tok_s_sd": ts,
             "prefill_sweep": sweep, "batched_decode": batched,
             "decode_bytes": decode_bytes, "decode_gbs": gbs, "weight_bytes": e.model.weight_bytes(),
-            "kv_cache_bytes": l.kv_bytes, "kv_cache_positions": context,
+            "kv_cache_bytes": l.kv_bytes, "kv_cache_positions": context, "kv_type": l.engine.model.kv_type().name(),
             "rss_anon_settled_bytes": l.rss_settled, "rss_anon_peak_bytes": l.rss_peak, "rss_file_bytes": l.rss_file,
             "load_s": e.load_time.as_secs_f64(), "packed_from": from(&e.packed_from),
         }));
@@ -443,17 +443,20 @@ fn main() {
     }
 
     println!("\nMemory (RssAnon added by each load, in this process; mapped artifact pages as RssFile):\n");
-    println!("| path | RssAnon settled | RssAnon peak during load | RssFile added | KV cache ({context} positions) |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| path | RssAnon settled | RssAnon peak during load | RssFile added | KV cache ({context} positions) | KV type |"
+    );
+    println!("|---|---|---|---|---|---|");
     let mib = |b: u64| b as f64 / 1048576.0;
     for l in &loaded {
         println!(
-            "| {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.2} MiB |",
+            "| {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.2} MiB | {} |",
             l.spec.name,
             mib(l.rss_settled),
             mib(l.rss_peak),
             mib(l.rss_file),
-            mib(l.kv_bytes as u64)
+            mib(l.kv_bytes as u64),
+            l.engine.model.kv_type()
         );
     }
 

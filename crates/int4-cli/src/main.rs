@@ -245,7 +245,8 @@ struct InfoArgs {
     /// Which numerics to describe the plan for.
     #[arg(long, default_value = "auto", value_parser = path_parser())]
     path: RunPath,
-    /// Speed or fidelity (decides, for --path auto, whether int8 activations are acceptable).
+    /// Speed or fidelity: decides, for --path auto, whether int8 activations are acceptable, and on every
+    /// path but f32 whether the KV cache stores f16 (speed) or f32 (fidelity; --kv overrides).
     #[arg(long, default_value = "speed")]
     priority: String,
     /// Print JSON.
@@ -392,7 +393,8 @@ struct RunArgs {
 /// Priority, threads and the cache: the options every command that loads a model shares.
 #[derive(clap::Args)]
 struct EngineArgs {
-    /// Speed or fidelity (decides, for --path auto, whether int8 activations are acceptable).
+    /// Speed or fidelity: decides, for --path auto, whether int8 activations are acceptable, and on every
+    /// path but f32 whether the KV cache stores f16 (speed) or f32 (fidelity; --kv overrides).
     #[arg(long, default_value = "speed")]
     priority: String,
     /// Worker threads (default: every core).

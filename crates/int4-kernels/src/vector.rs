@@ -134,7 +134,8 @@ impl VectorOps {
             "dots_heads: not whole heads"
         );
         let (len, n) = (qs.len() / heads, out.len() / heads);
-        if n == 0 {
+        if n == 0 || len == 0 {
+            out.fill(0.0);
             return;
         }
         assert!((n - 1) * stride + len <= keys.len(), "dots_heads: the keys are too short");
@@ -722,7 +723,8 @@ mod avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `m, n, k ≥ 1`; `a` readable at every `i·a_row + p·a_col`, `b` at
-    /// every `p·ldb + j` and `c` writable at every `i·ldc + j` (i < m, j < n, p < k).
+    /// every `p·ldb + j` and `c` writable (and with `ADD` readable) at every `i·ldc + j` (i < m, j < n,
+    /// p < k).
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm<const ADD: bool>(
@@ -861,8 +863,8 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F, AVX2 and FMA; `m, n, k ≥ 1`; `a` readable at every
-    /// `i·a_row + p·a_col`, `b` at every `p·ldb + j` and `c` writable at every `i·ldc + j` (i < m, j < n,
-    /// p < k).
+    /// `i·a_row + p·a_col`, `b` at every `p·ldb + j` and `c` writable (and with `ADD` readable) at every
+    /// `i·ldc + j` (i < m, j < n, p < k).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm<const ADD: bool>(

@@ -27,6 +27,9 @@
 //! and int8 activations would be most of the error. docs/policy.md has the measurements. Forced
 //! (`--path w4a8`), W4A8 takes any checkpoint: float zeros run as the kernels' float offsets, and an
 //! unquantized checkpoint is quantized at load on the same float-zero grid as W4A16.
+//!
+//! The KV cache's type ([`kv_type`]) is the policy's too: f16 with speed priority, f32 with fidelity
+//! priority and on the f32 reference path (docs/policy.md, "The KV cache's type").
 
 use int4_kernels::KernelId;
 use int4_kernels::choice::{KernelChoice, LayerSpec, choose};
@@ -186,7 +189,7 @@ impl std::str::FromStr for RunPath {
 
 /// How a KV cache stores the keys and values attention reads back at every later position.
 ///
-/// At long contexts those reads are most of a decode step's memory traffic (on SmolLM2, 46 KiB a position
+/// At long contexts those reads are most of a decode step's memory traffic (on SmolLM2, 45 KiB a position
 /// in f32: a 2,500-token sequence reads more KV than weights), so their width is a speed choice with a
 /// fidelity price, and [`kv_type`] makes it by the priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

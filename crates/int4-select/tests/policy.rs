@@ -361,3 +361,20 @@ fn int4_layout_codes() -> (int4_layout::Codes, int4_layout::GroupParams) {
         int4_layout::GroupParams::new(16, 32, int4_layout::GroupSize::G32, vec![0.1; 16], vec![0.0; 16]).unwrap();
     (codes, params)
 }
+
+/// The KV cache's type: f16 for speed on every path but the f32 reference, f32 for fidelity; names parse
+/// back and nothing else does.
+#[test]
+fn the_kv_cache_is_f16_for_speed_and_f32_for_fidelity_and_the_reference() {
+    use int4_select::policy::{KvType, kv_type};
+    for path in RunPath::ALL {
+        let speed = if path == RunPath::F32 { KvType::F32 } else { KvType::F16 };
+        assert_eq!(kv_type(Priority::Speed, path), speed, "{path}");
+        assert_eq!(kv_type(Priority::Fidelity, path), KvType::F32, "{path}");
+    }
+    for t in KvType::ALL {
+        assert_eq!(t.name().parse::<KvType>(), Ok(t));
+    }
+    assert_eq!([KvType::F32.bytes(), KvType::F16.bytes()], [4, 2]);
+    assert!("bf16".parse::<KvType>().unwrap_err().to_string().contains("expected f32 or f16"));
+}

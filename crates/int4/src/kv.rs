@@ -2,12 +2,13 @@
 //! f16 ([`KvType`], which the policy picks by priority).
 //!
 //! Why a 16-bit cache: past a few hundred positions attention's reads of the cache outgrow a decode step's
-//! reads of the 4-bit weights (SmolLM2 keeps 46 KiB of f32 keys and values a position, 110 MiB at 2,500),
+//! reads of the 4-bit weights (SmolLM2 keeps 45 KiB of f32 keys and values a position, 110 MiB at 2,500),
 //! and those reads run at memory speed. f16 halves them. Planes are head-major ([`Heads`]): the positions
 //! of the one KV head an attention task reads are contiguous, so attention widens a block of them from f16
 //! in one pass (F16C where the CPU has it) into an f32 buffer that stays in cache, and runs the f32
 //! kernels on it. A 16-bit cache therefore gives bit for bit what an f32 cache holding the same rounded
-//! values gives; the only new error is the rounding of each stored value (relative 2⁻¹¹).
+//! values gives; the only new error is the rounding of each stored value (relative 2⁻¹¹ in f16's normal
+//! range, absolute 2⁻²⁵ below it; beyond ±65504 a value becomes infinite, as in llama.cpp's f16 cache).
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -220,5 +221,61 @@ impl KvCache {
         }
         self.ids.shrink_to_fit();
         self.heads.capacity = self.len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Position `p`, head `h`, dimension `d` of a test row: distinct values an f16 holds exactly.
+    fn value(p: usize, h: usize, d: usize) -> f32 {
+        (p * 100 + h * 10 + d) as f32
+    }
+
+    fn filled(kv: KvType, capacity: usize, positions: usize) -> KvCache {
+        let (heads, dim) = (3, 4);
+        let mut c = KvCache::zeroed(2, capacity, heads, dim, kv);
+        let g = c.heads();
+        for p in 0..positions {
+            let row: Vec<f32> = (0..heads * dim).map(|i| value(p, i / dim, i % dim)).collect();
+            for plane in c.k.iter_mut().chain(c.v.iter_mut()) {
+                plane.write_position(g, p, &row);
+            }
+            c.ids.push(p as u32);
+        }
+        c.len = positions;
+        c
+    }
+
+    fn head(c: &KvCache, h: usize, positions: usize) -> Vec<f32> {
+        let mut out = vec![f32::NAN; positions * c.heads().dim];
+        c.v[1].widen(&VectorOps::new(), c.heads(), h, 0, &mut out);
+        out
+    }
+
+    /// A prefix copied into a cache of another capacity, and a cache shrunk to its length, keep every
+    /// head's positions in place (head-major offsets follow each cache's own capacity), for both types; a
+    /// cache of the other type is refused and left as it was.
+    #[test]
+    fn copies_and_shrinks_keep_every_heads_positions() {
+        for kv in KvType::ALL {
+            let source = filled(kv, 10, 8);
+            let mut dest = filled(kv, 20, 0);
+            dest.copy_prefix_from(&source, 6).unwrap();
+            assert_eq!((dest.len(), dest.capacity(), dest.ids()), (6, 20, &[0u32, 1, 2, 3, 4, 5][..]));
+            let mut kept = filled(kv, 10, 7);
+            kept.shrink_to_len();
+            assert_eq!((kept.capacity(), kept.bytes()), (7, 2 * 2 * 7 * 3 * 4 * kv.bytes()));
+            for h in 0..3 {
+                let want = |n: usize| -> Vec<f32> { (0..n * 4).map(|i| value(i / 4, h, i % 4)).collect() };
+                assert_eq!(head(&dest, h, 6), want(6), "{kv} copied, head {h}");
+                assert_eq!(head(&kept, h, 7), want(7), "{kv} shrunk, head {h}");
+            }
+        }
+        let mut half = filled(KvType::F16, 10, 3);
+        let e = half.copy_prefix_from(&filled(KvType::F32, 10, 5), 2).unwrap_err().to_string();
+        assert!(e.contains("stores f32, this one f16"), "{e}");
+        assert_eq!(half.len(), 3);
     }
 }
