@@ -361,28 +361,46 @@ pub unsafe fn dots_heads_f32(
     n: usize,
     out: *mut f32,
 ) {
-    let mut j = 0;
-    while j + 8 <= n {
-        for h in 0..heads {
-            // SAFETY: h < heads, so query h's `len` floats are readable.
-            let qh = unsafe { q.add(h * len) };
-            // SAFETY: keys j..j + 8 lie within the n the caller made readable.
-            let v: [__m256; 8] = std::array::from_fn(|t| unsafe { dot_lanes(qh, keys.add((j + t) * stride), len) });
-            for (t, s) in hsum8(v).into_iter().enumerate() {
-                // SAFETY: as above; out[h·n + j + t] is writable for h < heads, j + t < n.
-                unsafe { *out.add(h * n + j + t) = dot_tail(qh, keys.add((j + t) * stride), len, s) };
-            }
-        }
-        j += 8;
-    }
-    while j < n {
-        for h in 0..heads {
-            // SAFETY: query h and key j < n are readable and out[h·n + j] writable.
-            unsafe { *out.add(h * n + j) = dot_f32(q.add(h * len), keys.add(j * stride), len) };
-        }
-        j += 1;
-    }
+    // The caller's contract is the one the macro's unsafe blocks rely on.
+    dots_heads_with!(dot_lanes, q, heads, keys, stride, len, n, out)
 }
+
+/// The loops of `dots_heads_f32` around a lanes function (`dot_lanes`, or the AVX-512 one with the same
+/// chains), written once for both variants, each of which expands it under its own target features.
+/// Expanded in an `unsafe fn` whose contract is [`dots_heads_f32`]'s.
+macro_rules! dots_heads_with {
+    ($lanes:path, $q:expr, $heads:expr, $keys:expr, $stride:expr, $len:expr, $n:expr, $out:expr) => {{
+        use $crate::x86_64::avx2::{dot_tail, hsum, hsum8};
+        let (q, heads, keys, stride, len, n, out) = ($q, $heads, $keys, $stride, $len, $n, $out);
+        let mut j = 0;
+        while j + 8 <= n {
+            for h in 0..heads {
+                // SAFETY: h < heads, so query h's `len` floats are readable.
+                let qh = unsafe { q.add(h * len) };
+                let v: [std::arch::x86_64::__m256; 8] = std::array::from_fn(|t| {
+                    // SAFETY: keys j..j + 8 lie within the n the caller made readable.
+                    unsafe { $lanes(qh, keys.add((j + t) * stride), len) }
+                });
+                for (t, s) in hsum8(v).into_iter().enumerate() {
+                    // SAFETY: as above; out[h·n + j + t] is writable for h < heads, j + t < n.
+                    unsafe { *out.add(h * n + j + t) = dot_tail(qh, keys.add((j + t) * stride), len, s) };
+                }
+            }
+            j += 8;
+        }
+        while j < n {
+            for h in 0..heads {
+                // SAFETY: query h and key j < n are readable and out[h·n + j] writable.
+                unsafe {
+                    let (qh, key) = (q.add(h * len), keys.add(j * stride));
+                    *out.add(h * n + j) = dot_tail(qh, key, len, hsum($lanes(qh, key, len)));
+                }
+            }
+            j += 1;
+        }
+    }};
+}
+pub(crate) use dots_heads_with;
 
 /// Widens eight bf16 (as `u16` bits) to f32.
 ///

@@ -627,29 +627,6 @@ pub unsafe fn dots_heads_f32(
     n: usize,
     out: *mut f32,
 ) {
-    use super::avx2::{dot_tail, hsum, hsum8};
-    let mut j = 0;
-    while j + 8 <= n {
-        for h in 0..heads {
-            // SAFETY: h < heads, so query h's `len` floats are readable.
-            let qh = unsafe { q.add(h * len) };
-            // SAFETY: keys j..j + 8 lie within the n the caller made readable.
-            let v: [__m256; 8] = std::array::from_fn(|t| unsafe { dot_lanes_f32(qh, keys.add((j + t) * stride), len) });
-            for (t, s) in hsum8(v).into_iter().enumerate() {
-                // SAFETY: as above; out[h·n + j + t] is writable for h < heads, j + t < n.
-                unsafe { *out.add(h * n + j + t) = dot_tail(qh, keys.add((j + t) * stride), len, s) };
-            }
-        }
-        j += 8;
-    }
-    while j < n {
-        for h in 0..heads {
-            // SAFETY: query h and key j < n are readable and out[h·n + j] writable.
-            unsafe {
-                let (qh, key) = (q.add(h * len), keys.add(j * stride));
-                *out.add(h * n + j) = dot_tail(qh, key, len, hsum(dot_lanes_f32(qh, key, len)));
-            }
-        }
-        j += 1;
-    }
+    // The caller's contract is the one the macro's unsafe blocks rely on (`super::avx2::dots_heads_f32`'s).
+    super::avx2::dots_heads_with!(dot_lanes_f32, q, heads, keys, stride, len, n, out)
 }
