@@ -22,7 +22,9 @@ pub const KEY_FORMAT_VERSION: u32 = 3;
 /// 3: W4A8 layers quantized at load hold float zeros as a `w4a8_offsets` section. 4: W4A8 scales, zero
 /// points and offsets in block order (`[N/16][G][16]`, beside their codes). 5: 8-bit layers on W4A16 and the
 /// portable path as `w8a16_codes` and `w8a16_scales` sections (a GGUF's Q5_0 and Q8_0 layers, an 8-bit head).
-pub const LAYOUT_FORMAT_VERSION: u32 = 5;
+/// 6: W4A8 scale and offset tables in f16 where every value is one exactly (`w4a8_scales_f16`,
+/// `w4a8_offsets_f16`, `int8_scales_f16`).
+pub const LAYOUT_FORMAT_VERSION: u32 = 6;
 
 /// One source file's identity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

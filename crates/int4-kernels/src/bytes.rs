@@ -99,6 +99,36 @@ impl Floats {
     }
 }
 
+/// f16 values (as their bits) read in place from shared bytes when aligned (on a little-endian host), else
+/// decoded into a vector: [`Floats`]' counterpart for tables held at 16 bits.
+#[derive(Clone, Debug)]
+pub(crate) enum Halves {
+    Mapped(SharedBytes),
+    Owned(Vec<u16>),
+}
+
+impl Halves {
+    /// The little-endian f16 values in `bytes` (a whole number of them).
+    pub(crate) fn new(bytes: SharedBytes) -> Result<Self, KernelError> {
+        if !bytes.len().is_multiple_of(2) {
+            return Err(KernelError::shape("f16 table bytes", bytes.len().next_multiple_of(2), bytes.len()));
+        }
+        if cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, u16>(&bytes).is_ok() {
+            Ok(Halves::Mapped(bytes))
+        } else {
+            Ok(Halves::Owned(bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()))
+        }
+    }
+
+    /// The values' bits.
+    pub(crate) fn as_slice(&self) -> &[u16] {
+        match self {
+            Halves::Mapped(b) => bytemuck::cast_slice(b),
+            Halves::Owned(v) => v,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,8 @@ use int4_kernels::isa::{IsaCaps, IsaLevel};
 use int4_kernels::reference;
 use int4_kernels::tile::{TileConfig, TileEmulator, TileError, TileUnit};
 use int4_kernels::w4a8::{
-    ActivationScales, QuantizedActivations, W4A8Kernel, W4A8Linear, W4A8Weights, gemm, gemm_tiles, quantize_activations,
+    ActivationScales, ParamTable, ParamType, QuantizedActivations, TableBytes, W4A8Kernel, W4A8Linear, W4A8Weights,
+    gemm, gemm_tiles, quantize_activations,
 };
 use int4_kernels::{KernelErrorKind, KernelId};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_integer_zero, quantize_symmetric};
@@ -335,11 +336,13 @@ fn packing_checks_its_inputs_and_round_trips() {
             assert_eq!(v, q.mul_add(scales[gi * 32 + r], offsets[gi * 32 + r]));
         }
     }
+    // Tenths are not f16 values: both tables are held in f32.
+    assert_eq!((w.scales().ty(), w.offsets().map(ParamTable::ty)), (ParamType::F32, Some(ParamType::F32)));
     let back = W4A8Weights::from_parts(
         w.packed().clone(),
-        w.scales_le_bytes().into(),
+        w.scales().to_bytes(),
         w.zeros().cloned(),
-        w.offsets_le_bytes().map(Into::into),
+        w.offsets().map(ParamTable::to_bytes),
         (32, 72, GroupSize::G32),
     )
     .unwrap();
@@ -376,13 +379,91 @@ fn packing_checks_its_inputs_and_round_trips() {
     assert!(
         err(W4A8Weights::from_parts(
             w.packed()[..100].to_vec().into(),
-            w.scales_le_bytes().into(),
+            w.scales().to_bytes(),
             None,
             None,
             (32, 72, GroupSize::G32)
         ))
         .contains("packed")
     );
+    let short = TableBytes { ty: ParamType::F16, bytes: w.scales().to_bytes().bytes[..g * 32 * 2 + 2].to_vec().into() };
+    let e = err(W4A8Weights::from_parts(w.packed().clone(), short, None, None, (32, 72, GroupSize::G32)));
+    assert!(e.contains("scale bytes"), "{e}");
+}
+
+/// Tables whose every value is an f16 (GGUF's scales and offsets are) are held in 16 bits, read back as
+/// stored, and give every kernel the bits the same layer gets from f32 tables of the same values: one
+/// value in a table that f16 cannot hold keeps that table in f32.
+#[test]
+fn parameter_tables_of_f16_values_are_held_in_16_bits_with_the_same_results() {
+    let mut rng = Rng::new(41);
+    let (n, k, m) = (48, 160, 9);
+    let codes = Codes::from_fn(n, k, |r, kk| ((r * 5 + kk * 11 + r * kk) % 16) as u8).unwrap();
+    let g = GroupSize::G32.groups(k);
+    let half = |v: f32| half::f16::from_f32(v).to_f32();
+    let scales: Vec<f32> = (0..g * n).map(|_| half(0.001 + 0.05 * rng.unit())).collect();
+    let zeros: Vec<u8> = (0..g * n).map(|i| (i * 7 % 16) as u8).collect();
+    let offsets: Vec<f32> = (0..g * n).map(|_| half(0.4 * rng.unit() - 0.2)).collect();
+    let x = rng.activations(m, k);
+    for (zeros, offsets) in [(None, None), (Some(&zeros[..]), None), (None, Some(&offsets[..]))] {
+        let w16 = W4A8Weights::pack(&codes, &scales, zeros, offsets, GroupSize::G32).unwrap();
+        assert_eq!(w16.scales().ty(), ParamType::F16);
+        assert_eq!(w16.offsets().map(ParamTable::ty), offsets.map(|_| ParamType::F16));
+        // One scale f16 cannot hold keeps the scales in f32; the offsets stay f16.
+        let mut wide = scales.clone();
+        wide[7] = 0.1;
+        let w32 = W4A8Weights::pack(&codes, &wide, zeros, offsets, GroupSize::G32).unwrap();
+        assert_eq!(w32.scales().ty(), ParamType::F32);
+        assert_eq!(w32.offsets().map(ParamTable::ty), offsets.map(|_| ParamType::F16));
+        // The same values held in f32 throughout: read back from f32 sections.
+        let f32_table = |t: &ParamTable| TableBytes {
+            ty: ParamType::F32,
+            bytes: t.to_f32_vec().iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into(),
+        };
+        let dims = (n, k, GroupSize::G32);
+        let wf = W4A8Weights::from_parts(
+            w16.packed().clone(),
+            f32_table(w16.scales()),
+            w16.zeros().cloned(),
+            w16.offsets().map(f32_table),
+            dims,
+        )
+        .unwrap();
+        assert_eq!(wf.scales().ty(), ParamType::F32);
+        let back = W4A8Weights::from_parts(
+            w16.packed().clone(),
+            w16.scales().to_bytes(),
+            w16.zeros().cloned(),
+            w16.offsets().map(ParamTable::to_bytes),
+            dims,
+        )
+        .unwrap();
+        assert_eq!(back.scales(), w16.scales());
+        assert_eq!(back.scales_gn(), scales);
+        assert_eq!(w16.resident_bytes() + g * n * 2 * (1 + usize::from(offsets.is_some())), wf.resident_bytes());
+        let a = quantize_activations(&x, m, &w16, ActivationScales::PerGroup).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (kernels, name) in runnable_kernels("parameter_tables_of_f16_values") {
+            // Every row count up to m, so each rows-per-pass variant reads the f16 tables.
+            for rows in 1..=m {
+                let kernel = W4A8Kernel::for_rows(&kernels, rows).unwrap();
+                let a = quantize_activations(&x[..rows * k], rows, &w16, ActivationScales::PerGroup).unwrap();
+                let mut want = vec![0.0f32; rows * n];
+                gemm(kernel, &a, &wf, None, &mut want).unwrap();
+                let mut got = vec![0.0f32; rows * n];
+                gemm(kernel, &a, &back, None, &mut got).unwrap();
+                let what = format!("{name}, {rows} rows, zeros {}, offsets {}", zeros.is_some(), offsets.is_some());
+                assert_eq!(bits(&got), bits(&want), "{what}");
+                assert!(got.iter().all(|v| v.is_finite()) && got.iter().any(|&v| v != 0.0), "{what}");
+            }
+            // The AMX tiling, on the emulator, reads them too.
+            let mut want = vec![0.0f32; m * n];
+            gemm_tiles(&TileEmulator::new, &a, &wf, None, &mut want).unwrap();
+            let mut got = vec![0.0f32; m * n];
+            gemm_tiles(&TileEmulator::new, &a, &back, None, &mut got).unwrap();
+            assert_eq!(bits(&got), bits(&want), "{name}: the AMX tiling on the emulator");
+        }
+    }
 }
 
 /// A forced kernel the CPU lacks is a clear error, never SIGILL; the best kernel reports its name.
@@ -713,7 +794,7 @@ fn eight_bit_codes_from_a_checkpoint_make_the_planes_quantize_makes() {
             let what = format!("N={n} K={k} {group:?}: the {plane} plane");
             assert_eq!((a.n(), a.k(), a.group_len(), a.groups()), (b.n(), b.k(), b.group_len(), b.groups()), "{what}");
             assert_eq!(&a.packed()[..], &b.packed()[..], "{what}'s codes");
-            assert_eq!(a.scales_le_bytes(), b.scales_le_bytes(), "{what}'s scales");
+            assert_eq!(a.scales(), b.scales(), "{what}'s scales");
             assert_eq!(a.zeros(), b.zeros(), "{what}'s zero points");
             assert_eq!(a.offsets(), b.offsets(), "{what}'s offsets");
         }

@@ -9,7 +9,7 @@ use int4_kernels::dense::{DenseLinear, DenseWeights};
 use int4_kernels::isa::IsaCaps;
 use int4_kernels::portable::Wna16Linear;
 use int4_kernels::w4a8::int8::{Int8Linear, Int8Weights};
-use int4_kernels::w4a8::{ActivationScales, W4A8Linear, W4A8Weights};
+use int4_kernels::w4a8::{ActivationScales, ParamTable, ParamType, TableBytes, W4A8Linear, W4A8Weights};
 use int4_kernels::w4a16::{W4A16Config, W4A16Linear, W4A16Weights};
 use int4_kernels::w8a16::{W8A16Linear, W8A16Weights};
 use int4_kernels::{KernelId, LayerSpec};
@@ -245,8 +245,32 @@ fn int8_sections(name: &str, q: &Int8Weights) -> Vec<(String, Vec<u8>)> {
     vec![
         (section(name, "int8_hi"), q.hi().packed().to_vec()),
         (section(name, "int8_lo"), q.lo().packed().to_vec()),
-        (section(name, "int8_scales"), q.lo().scales_le_bytes()),
+        table_section(name, "int8_scales", q.lo().scales()),
     ]
+}
+
+/// A W4A8 parameter table's section: `part` for an f32 table, `part_f16` for an f16 one, so the name
+/// says how to read the bytes.
+fn table_section(name: &str, part: &str, table: &ParamTable) -> (String, Vec<u8>) {
+    let stored = table.to_bytes();
+    let part = match stored.ty {
+        ParamType::F32 => part.to_string(),
+        ParamType::F16 => format!("{part}_f16"),
+    };
+    (section(name, &part), stored.bytes.to_vec())
+}
+
+/// The parameter table stored as `part` (f32) or `part_f16` (f16), if either is; both is an error (no
+/// writer makes it, so the artifact is not one of ours).
+fn read_table(name: &str, part: &str, get: SectionSource) -> Result<Option<TableBytes>> {
+    let f32 = get(&section(name, part)).map(|bytes| TableBytes { ty: ParamType::F32, bytes });
+    let f16 = get(&section(name, &format!("{part}_f16"))).map(|bytes| TableBytes { ty: ParamType::F16, bytes });
+    match (f32, f16) {
+        (Some(_), Some(_)) => {
+            Err(Error::artifact(name, format!("the artifact holds \"{part}\" at both 32 and 16 bits")))
+        }
+        (a, b) => Ok(a.or(b)),
+    }
 }
 
 /// Reads a stored act-order permutation, checking that it is one.
@@ -424,15 +448,13 @@ impl Linear {
                 };
                 let w = W4A8Weights::pack(&codes, &scales_gn, zeros_gn.as_deref(), offsets_gn.as_deref(), group)
                     .map_err(at(name))?;
-                let mut out = vec![
-                    (section(name, "w4a8"), w.packed().to_vec()),
-                    (section(name, "w4a8_scales"), w.scales_le_bytes()),
-                ];
+                let mut out =
+                    vec![(section(name, "w4a8"), w.packed().to_vec()), table_section(name, "w4a8_scales", w.scales())];
                 if let Some(z) = w.zeros() {
                     out.push((section(name, "w4a8_zeros"), z.to_vec()));
                 }
-                if let Some(f) = w.offsets_le_bytes() {
-                    out.push((section(name, "w4a8_offsets"), f));
+                if let Some(f) = w.offsets() {
+                    out.push(table_section(name, "w4a8_offsets", f));
                 }
                 out
             }
@@ -519,11 +541,14 @@ impl Linear {
             }
             Numerics::W4a8 { group, kernels, activations, .. } => {
                 let np = n.next_multiple_of(16);
+                let scales = read_table(name, "w4a8_scales", get)?.ok_or_else(|| {
+                    Error::artifact(name, "the artifact has no section \"w4a8_scales\" (or \"w4a8_scales_f16\")")
+                })?;
                 let weights = W4A8Weights::from_parts(
                     need("w4a8")?,
-                    need("w4a8_scales")?,
+                    scales,
                     get(&section(name, "w4a8_zeros")),
-                    get(&section(name, "w4a8_offsets")),
+                    read_table(name, "w4a8_offsets", get)?,
                     (np, k, group),
                 )
                 .map_err(at(name))?;
@@ -544,13 +569,15 @@ impl Linear {
             Numerics::W8a8 { kernels, activations } => {
                 let np = n.next_multiple_of(16);
                 let dims = (np, k, INT8_GROUP);
-                let lo_scales = need("int8_scales")?;
-                let hi_scales: Vec<u8> = lo_scales
-                    .chunks_exact(4)
-                    .flat_map(|c| (16.0 * f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
-                    .collect();
+                let lo_scales = read_table(name, "int8_scales", get)?.ok_or_else(|| {
+                    Error::artifact(name, "the artifact has no section \"int8_scales\" (or \"int8_scales_f16\")")
+                })?;
+                // The high plane's scales are 16 times the low plane's, each exact in f32 (a power of two),
+                // and in f16 where it holds them.
+                let lo_table = ParamTable::from_bytes(lo_scales.clone()).map_err(at(name))?;
+                let hi_scales = lo_table.map(|s| 16.0 * s);
                 let zeros: SharedBytes = vec![0u8; INT8_GROUP.groups(k) * np].into();
-                let hi = W4A8Weights::from_parts(need("int8_hi")?, hi_scales.into(), None, None, dims);
+                let hi = W4A8Weights::from_parts(need("int8_hi")?, hi_scales.to_bytes(), None, None, dims);
                 let lo = W4A8Weights::from_parts(need("int8_lo")?, lo_scales, Some(zeros), None, dims);
                 let weights =
                     Int8Weights::from_planes(hi.map_err(at(name))?, lo.map_err(at(name))?).map_err(at(name))?;

@@ -5,6 +5,8 @@
 
 use std::ops::Range;
 
+use super::params::Params;
+
 /// One 16-channel block's work, as every kernel variant sees it.
 pub(crate) struct Block<'a> {
     /// The block's packed codes, `[k_padded/8][64]`.
@@ -20,12 +22,12 @@ pub(crate) struct Block<'a> {
     pub groups: usize,
     /// Per group: padded K range.
     pub spans: &'a [Range<usize>],
-    /// This block's scales, `[G][16]`.
-    pub w_scales: &'a [f32],
+    /// This block's scales, `[G][16]`, f32 or f16.
+    pub w_scales: Params<'a>,
     /// This block's zero points, `[G][16]`; `None`: all 8.
     pub zeros: Option<&'a [u8]>,
-    /// This block's float offsets, `[G][16]`; `None`: all 0.
-    pub offsets: Option<&'a [f32]>,
+    /// This block's float offsets, `[G][16]`, f32 or f16; `None`: all 0.
+    pub offsets: Option<Params<'a>>,
 }
 
 impl Block<'_> {
@@ -38,9 +40,9 @@ impl Block<'_> {
         for c in 0..16 {
             let z = self.zeros.map_or(8, |z| i32::from(z[g * 16 + c]));
             let v = acc[c].wrapping_sub(z.wrapping_mul(sum));
-            out[c] = (v as f32).mul_add(a_s * self.w_scales[g * 16 + c], out[c]);
+            out[c] = (v as f32).mul_add(a_s * self.w_scales.get(g * 16 + c), out[c]);
             if let Some(f) = self.offsets {
-                out[c] = (sum as f32).mul_add(a_s * f[g * 16 + c], out[c]);
+                out[c] = (sum as f32).mul_add(a_s * f.get(g * 16 + c), out[c]);
             }
         }
     }

@@ -113,7 +113,8 @@ impl Int8Weights {
             return Err(KernelError::invalid("the two planes of 8-bit weights differ in shape"));
         }
         let low_zeros = lo.zeros().is_some_and(|z| z.iter().all(|&z| z == 0));
-        let paired = hi.scales().iter().zip(lo.scales()).all(|(h, l)| *h == 16.0 * l);
+        let (hs, ls) = (hi.scales(), lo.scales());
+        let paired = hs.len() == ls.len() && (0..hs.len()).all(|i| hs.get(i) == 16.0 * ls.get(i));
         if hi.zeros().is_some() || !low_zeros || hi.offsets().is_some() || lo.offsets().is_some() || !paired {
             return Err(KernelError::invalid("the planes are not an 8-bit pair (zero points 8 and 0, scales 16:1)"));
         }

@@ -43,6 +43,7 @@
 
 pub(crate) mod block;
 pub mod int8;
+pub mod params;
 
 use std::ops::Range;
 
@@ -50,13 +51,15 @@ use int4_layout::w4a8 as layout_w4a8;
 use int4_layout::{Codes, GroupSize};
 use rayon::prelude::*;
 
-use crate::bytes::{Floats, SharedBytes};
+use crate::bytes::SharedBytes;
 use crate::choice::{self, BoundKernel, BoundKernels, LayerSpec};
 use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::tile::{TileConfig, TileError, TileUnit};
 use block::Block;
+use params::Params;
+pub use params::{ParamTable, ParamType, TableBytes};
 
 pub use crate::choice::W4A8_AMX_MIN_ROWS as AMX_MIN_ROWS;
 
@@ -170,12 +173,12 @@ pub struct W4A8Weights {
     groups: usize,
     /// `[N/16][k_padded/8][64]`.
     packed: SharedBytes,
-    /// `[N/16][G][16]` (block order, see the module docs).
-    scales: Floats,
+    /// `[N/16][G][16]` (block order, see the module docs), f16 where exact ([`params`]).
+    scales: ParamTable,
     /// `[N/16][G][16]`, each below 16; `None`: symmetric, every zero point is 8.
     zeros: Option<SharedBytes>,
-    /// `[N/16][G][16]` float offsets (`w = s·(q − z) + f`); `None`: every offset is 0.
-    offsets: Option<Floats>,
+    /// `[N/16][G][16]` float offsets (`w = s·(q − z) + f`), f16 where exact; `None`: every offset is 0.
+    offsets: Option<ParamTable>,
 }
 
 impl W4A8Weights {
@@ -200,44 +203,43 @@ impl W4A8Weights {
         if let Some(f) = offsets_gn {
             check_len("W4A8 offsets [G][N]", groups * n, f.len())?;
         }
-        let le = |v: &[f32]| -> Result<SharedBytes, KernelError> {
-            let blocks = layout_w4a8::to_block_order(v, n, groups)?;
-            Ok(blocks.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into())
+        let table = |v: &[f32]| -> Result<TableBytes, KernelError> {
+            Ok(ParamTable::from_f32(layout_w4a8::to_block_order(v, n, groups)?).to_bytes())
         };
         let zeros = match zeros_gn {
             Some(z) => Some(layout_w4a8::to_block_order(z, n, groups)?.into()),
             None => None,
         };
-        let offsets = offsets_gn.map(le).transpose()?;
-        Self::from_parts(packed.into(), le(scales_gn)?, zeros, offsets, (n, k, group))
+        let offsets = offsets_gn.map(table).transpose()?;
+        Self::from_parts(packed.into(), table(scales_gn)?, zeros, offsets, (n, k, group))
     }
 
-    /// Builds the weights from stored parts ([`Self::packed`], [`Self::scales_le_bytes`], [`Self::zeros`],
-    /// [`Self::offsets_le_bytes`]; parameters in block order `[N/16][G][16]`), read in place. Every length
-    /// is checked, every zero point, and every offset is finite.
+    /// Builds the weights from stored parts ([`Self::packed`], [`Self::scales`], [`Self::zeros`],
+    /// [`Self::offsets`]; parameters in block order `[N/16][G][16]`, each float table in the width it was
+    /// stored in), read in place. Every length is checked, every zero point, and every offset is finite.
     pub fn from_parts(
         packed: SharedBytes,
-        scales_le: SharedBytes,
+        scales: TableBytes,
         zeros: Option<SharedBytes>,
-        offsets_le: Option<SharedBytes>,
+        offsets: Option<TableBytes>,
         (n, k, group): (usize, usize, GroupSize),
     ) -> Result<Self, KernelError> {
         let (kp, kb) = Self::geometry(n, k, group)?;
         let (g_len, groups) = (group.len(k), group.groups(k));
         check_len("W4A8 packed bytes", n / 16 * kp / 8 * CHUNK, packed.len())?;
-        check_len("W4A8 scale bytes", groups * n * 4, scales_le.len())?;
+        check_len("W4A8 scale bytes", groups * n * scales.ty.bytes(), scales.bytes.len())?;
         if let Some(z) = &zeros {
             check_len("W4A8 zero points", groups * n, z.len())?;
             if let Some(bad) = z.iter().find(|&&z| z > 15) {
                 return Err(KernelError::invalid(format!("a W4A8 zero point is {bad}; 4-bit zero points are 0..=15")));
             }
         }
-        let scales = Floats::new(scales_le)?;
-        let offsets = match offsets_le {
+        let scales = ParamTable::from_bytes(scales)?;
+        let offsets = match offsets {
             Some(b) => {
-                check_len("W4A8 offset bytes", groups * n * 4, b.len())?;
-                let f = Floats::new(b)?;
-                if let Some(bad) = f.as_slice().iter().find(|v| !v.is_finite()) {
+                check_len("W4A8 offset bytes", groups * n * b.ty.bytes(), b.bytes.len())?;
+                let f = ParamTable::from_bytes(b)?;
+                if let Some(bad) = (0..f.len()).map(|i| f.get(i)).find(|v| !v.is_finite()) {
                     return Err(KernelError::invalid(format!("a W4A8 float offset is {bad}; offsets must be finite")));
                 }
                 Some(f)
@@ -304,13 +306,8 @@ impl W4A8Weights {
     }
 
     /// The scales in block order, `[N/16][G][16]` (module docs; [`Self::scale`] reads one).
-    pub fn scales(&self) -> &[f32] {
-        self.scales.as_slice()
-    }
-
-    /// The scales as little-endian bytes in block order (an artifact section).
-    pub fn scales_le_bytes(&self) -> Vec<u8> {
-        self.scales().iter().flat_map(|v| v.to_le_bytes()).collect()
+    pub fn scales(&self) -> &ParamTable {
+        &self.scales
     }
 
     /// The integer zero points in block order, `[N/16][G][16]`; `None` when symmetric (all 8).
@@ -319,13 +316,8 @@ impl W4A8Weights {
     }
 
     /// The float offsets in block order, `[N/16][G][16]`; `None` when every offset is 0.
-    pub fn offsets(&self) -> Option<&[f32]> {
-        self.offsets.as_ref().map(Floats::as_slice)
-    }
-
-    /// The float offsets as little-endian bytes in block order (an artifact section).
-    pub fn offsets_le_bytes(&self) -> Option<Vec<u8>> {
-        self.offsets().map(|f| f.iter().flat_map(|v| v.to_le_bytes()).collect())
+    pub fn offsets(&self) -> Option<&ParamTable> {
+        self.offsets.as_ref()
     }
 
     /// Where group `g`'s parameter of output channel `col` lies in the block-order tables.
@@ -335,7 +327,7 @@ impl W4A8Weights {
 
     /// The scale of group `g`, output channel `col`.
     pub fn scale(&self, g: usize, col: usize) -> f32 {
-        self.scales()[self.param_index(g, col)]
+        self.scales.get(self.param_index(g, col))
     }
 
     /// The integer zero point of group `g`, output channel `col` (8 when symmetric).
@@ -345,7 +337,7 @@ impl W4A8Weights {
 
     /// The float offset of group `g`, output channel `col` (0 without offsets).
     pub fn offset(&self, g: usize, col: usize) -> f32 {
-        self.offsets().map_or(0.0, |f| f[self.param_index(g, col)])
+        self.offsets.as_ref().map_or(0.0, |f| f.get(self.param_index(g, col)))
     }
 
     /// The scales as `[G][N]` (a copy, in the order [`Self::pack`] takes them).
@@ -385,9 +377,9 @@ impl W4A8Weights {
     /// Bytes resident for these weights (codes, scales, zero points, offsets).
     pub fn resident_bytes(&self) -> usize {
         self.packed.len()
-            + self.scales().len() * 4
+            + self.scales.resident_bytes()
             + self.zeros.as_ref().map_or(0, |z| z.len())
-            + self.offsets().map_or(0, |f| f.len() * 4)
+            + self.offsets.as_ref().map_or(0, ParamTable::resident_bytes)
     }
 
     fn block_bytes(&self, nb: usize) -> &[u8] {
@@ -397,9 +389,10 @@ impl W4A8Weights {
 
     /// Block `nb`'s scales, zero points and offsets, each `[G][16]`.
     #[allow(clippy::type_complexity)]
-    fn block_params(&self, nb: usize) -> (&[f32], Option<&[u8]>, Option<&[f32]>) {
+    fn block_params(&self, nb: usize) -> (Params<'_>, Option<&[u8]>, Option<Params<'_>>) {
         let r = nb * self.groups * 16..(nb + 1) * self.groups * 16;
-        (&self.scales()[r.clone()], self.zeros.as_ref().map(|z| &z[r.clone()]), self.offsets().map(|f| &f[r]))
+        let offsets = self.offsets.as_ref().map(|f| f.view().slice(r.clone()));
+        (self.scales.view().slice(r.clone()), self.zeros.as_ref().map(|z| &z[r]), offsets)
     }
 }
 

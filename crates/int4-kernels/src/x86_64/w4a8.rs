@@ -4,7 +4,9 @@
 //! with an AND and a shift into two K quads of unsigned codes, and multiply them with the broadcast signed
 //! int8 activations of those quads, `R` rows per pass so each weight load serves several rows. Sums stay
 //! in i32 for a whole group; the epilogue is the same f32 sequence as the portable kernel's
-//! ([`crate::w4a8`]), so every variant gives identical bits.
+//! ([`crate::w4a8`]), so every variant gives identical bits. A block's float tables are f32 or f16
+//! ([`crate::w4a8::params`]); an f16 value is widened exactly (`vcvtph2ps`), so the epilogue's inputs are
+//! the same f32 values either way.
 //!
 //! **Safety model.** The public functions are safe: they take a capability token (proof the CPU has the
 //! features) and a [`Block`], whose slices the driver built with checked lengths: `w` holds
@@ -17,6 +19,7 @@ use std::arch::x86_64::*;
 
 use crate::isa::{Avx2Fma, Avx512Vnni};
 use crate::w4a8::block::Block;
+use crate::w4a8::params::Params;
 
 /// Whether the block's scale, zero and offset tables hold 16 values per span (group).
 fn params_cover(b: &Block) -> bool {
@@ -40,98 +43,155 @@ unsafe fn quad(p: *const i8) -> i32 {
 }
 
 /// The AVX2 kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
-pub(crate) fn block_avx2(_tok: Avx2Fma, b: &Block, out: &mut [f32]) {
+pub(crate) fn block_avx2(tok: Avx2Fma, b: &Block, out: &mut [f32]) {
+    // F16C widens an f16 table eight values at a time; every AVX2 CPU known has it, but the kernel does
+    // not assume it: without it, f16 values are widened one by one (the same f32 values).
+    block_avx2_widening(tok, b, out, std::arch::is_x86_feature_detected!("f16c"));
+}
+
+/// [`block_avx2`], widening f16 tables with F16C only when `f16c` (which only a live check may set).
+fn block_avx2_widening(_tok: Avx2Fma, b: &Block, out: &mut [f32], f16c: bool) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
     assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(4);
-        // SAFETY: the token proves AVX2 + FMA; the block's invariants (module docs) and the assert above
-        // keep every access in bounds for rows r0..r0+rows.
+        // SAFETY: the token proves AVX2 + FMA, and `f16c` is set only where the live CPU has F16C; the block's
+        // invariants (module docs) and the assert above keep every access in bounds for rows r0..r0+rows.
         unsafe {
-            match rows {
-                4 => rows_avx2::<4>(b, r0, out),
-                3 => rows_avx2::<3>(b, r0, out),
-                2 => rows_avx2::<2>(b, r0, out),
-                _ => rows_avx2::<1>(b, r0, out),
+            match (rows, f16c) {
+                (4, true) => rows_avx2_f16c::<4>(b, r0, out),
+                (3, true) => rows_avx2_f16c::<3>(b, r0, out),
+                (2, true) => rows_avx2_f16c::<2>(b, r0, out),
+                (_, true) => rows_avx2_f16c::<1>(b, r0, out),
+                (4, false) => rows_avx2::<4>(b, r0, out),
+                (3, false) => rows_avx2::<3>(b, r0, out),
+                (2, false) => rows_avx2::<2>(b, r0, out),
+                (_, false) => rows_avx2::<1>(b, r0, out),
             }
         }
         r0 += rows;
     }
 }
 
+/// Eight of a block's parameters from `at`, widened to f32 one by one (a CPU without F16C).
+///
 /// # Safety
-/// The CPU must support AVX2 and FMA; `b` must satisfy the block invariants (module docs), `r0 + R ≤ m`,
-/// and `out` must hold `m × 16` values.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn rows_avx2<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
-    let mask = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let w = b.w.as_ptr();
-    for (g, span) in b.spans.iter().enumerate() {
-        let mut acc = [[_mm256_setzero_si256(); 2]; R];
-        // Four chunks (32 input channels) are summed in i16 before one vpmaddwd widens them: each chunk adds
-        // at most ±7620 per lane, so four stay within ±30480 < 2¹⁵. Spans are multiples of 32 (the tile K
-        // block), so every span is whole quads of chunks.
-        let mut j = span.start / 8;
-        while j < span.end / 8 {
-            let mut part = [[_mm256_setzero_si256(); 2]; R];
-            for j in j..j + 4 {
-                // SAFETY: chunk j lies within w (j < kp/8).
-                let (v0, v1) = unsafe {
-                    (_mm256_loadu_si256(w.add(j * 64).cast()), _mm256_loadu_si256(w.add(j * 64 + 32).cast()))
-                };
-                let (lo0, hi0) = (_mm256_and_si256(v0, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v0), mask));
-                let (lo1, hi1) = (_mm256_and_si256(v1, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v1), mask));
-                for (r, part) in part.iter_mut().enumerate() {
-                    // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
-                    let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
-                    // SAFETY: as above.
-                    let (a0, a1) = unsafe { (_mm256_set1_epi32(quad(xp)), _mm256_set1_epi32(quad(xp.add(4)))) };
-                    // Pair sums of u4·s8 stay within ±3810, so vpmaddubsw never saturates.
-                    let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a0), _mm256_maddubs_epi16(hi0, a1));
-                    let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a0), _mm256_maddubs_epi16(hi1, a1));
-                    part[0] = _mm256_add_epi16(part[0], s0);
-                    part[1] = _mm256_add_epi16(part[1], s1);
-                }
-            }
-            for (acc, part) in acc.iter_mut().zip(&part) {
-                acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(part[0], ones));
-                acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(part[1], ones));
-            }
-            j += 4;
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            let row = r0 + r;
-            let sum_i = b.sums[row * b.groups + g];
-            let sum = _mm256_set1_epi32(sum_i);
-            let a_scale = _mm256_set1_ps(b.a_scales[row * b.groups + g]);
-            for (h, &acc) in acc.iter().enumerate() {
-                let at = g * 16 + 8 * h;
-                let z = match b.zeros {
-                    // SAFETY: the block's [G][16] zero points hold 8 at g·16 + 8h.
-                    Some(z) => _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(z.as_ptr().add(at).cast()) }),
-                    None => _mm256_set1_epi32(8),
-                };
-                let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_mullo_epi32(z, sum)));
-                // SAFETY: the block's [G][16] scales hold 8 at g·16 + 8h.
-                let ws = unsafe { _mm256_loadu_ps(b.w_scales.as_ptr().add(at)) };
-                // SAFETY: row < m, so out[row·16 + 8h .. +8] is within out.
-                let o = unsafe { out.as_mut_ptr().add(row * 16 + 8 * h) };
-                // SAFETY: as above.
-                let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws), unsafe { _mm256_loadu_ps(o) });
-                if let Some(f) = b.offsets {
-                    // SAFETY: the block's [G][16] offsets hold 8 at g·16 + 8h.
-                    let f = unsafe { _mm256_loadu_ps(f.as_ptr().add(at)) };
-                    acc_f = _mm256_fmadd_ps(_mm256_set1_ps(sum_i as f32), _mm256_mul_ps(a_scale, f), acc_f);
-                }
-                // SAFETY: as above.
-                unsafe { _mm256_storeu_ps(o, acc_f) };
-            }
+/// The CPU must support AVX; `at + 8` must not exceed `p`'s length.
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn params8(p: Params, at: usize) -> __m256 {
+    match p {
+        // SAFETY: at + 8 ≤ len (the caller's contract).
+        Params::F32(v) => unsafe { _mm256_loadu_ps(v.as_ptr().add(at)) },
+        Params::F16(_) => {
+            let v: [f32; 8] = std::array::from_fn(|i| p.get(at + i));
+            // SAFETY: v holds 8 values.
+            unsafe { _mm256_loadu_ps(v.as_ptr()) }
         }
     }
 }
+
+/// Eight of a block's parameters from `at`, widened to f32 with F16C.
+///
+/// # Safety
+/// The CPU must support AVX and F16C; `at + 8` must not exceed `p`'s length.
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn params8_f16c(p: Params, at: usize) -> __m256 {
+    match p {
+        // SAFETY: at + 8 ≤ len (the caller's contract).
+        Params::F32(v) => unsafe { _mm256_loadu_ps(v.as_ptr().add(at)) },
+        // SAFETY: as above, eight u16.
+        Params::F16(h) => unsafe { _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(at).cast())) },
+    }
+}
+
+/// The AVX2 rows kernel, once per way of widening f16 tables: `$params` under `$features`.
+macro_rules! rows_avx2_fn {
+    ($name:ident, $features:literal, $params:ident) => {
+        /// # Safety
+        /// The CPU must support the enabled features; `b` must satisfy the block invariants (module docs),
+        /// `r0 + R ≤ m`, and `out` must hold `m × 16` values.
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
+            let mask = _mm256_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi16(1);
+            let w = b.w.as_ptr();
+            for (g, span) in b.spans.iter().enumerate() {
+                let mut acc = [[_mm256_setzero_si256(); 2]; R];
+                // Four chunks (32 input channels) are summed in i16 before one vpmaddwd widens them: each chunk adds
+                // at most ±7620 per lane, so four stay within ±30480 < 2¹⁵. Spans are multiples of 32 (the tile K
+                // block), so every span is whole quads of chunks.
+                let mut j = span.start / 8;
+                while j < span.end / 8 {
+                    let mut part = [[_mm256_setzero_si256(); 2]; R];
+                    for j in j..j + 4 {
+                        // SAFETY: chunk j lies within w (j < kp/8).
+                        let (v0, v1) = unsafe {
+                            (_mm256_loadu_si256(w.add(j * 64).cast()), _mm256_loadu_si256(w.add(j * 64 + 32).cast()))
+                        };
+                        let (lo0, hi0) =
+                            (_mm256_and_si256(v0, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v0), mask));
+                        let (lo1, hi1) =
+                            (_mm256_and_si256(v1, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v1), mask));
+                        for (r, part) in part.iter_mut().enumerate() {
+                            // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
+                            let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
+                            // SAFETY: as above.
+                            let (a0, a1) = unsafe { (_mm256_set1_epi32(quad(xp)), _mm256_set1_epi32(quad(xp.add(4)))) };
+                            // Pair sums of u4·s8 stay within ±3810, so vpmaddubsw never saturates.
+                            let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a0), _mm256_maddubs_epi16(hi0, a1));
+                            let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a0), _mm256_maddubs_epi16(hi1, a1));
+                            part[0] = _mm256_add_epi16(part[0], s0);
+                            part[1] = _mm256_add_epi16(part[1], s1);
+                        }
+                    }
+                    for (acc, part) in acc.iter_mut().zip(&part) {
+                        acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(part[0], ones));
+                        acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(part[1], ones));
+                    }
+                    j += 4;
+                }
+                // The group's zero points, scales and offsets, shared by its rows, each half of the 16 channels.
+                let halves = [g * 16, g * 16 + 8];
+                let z = halves.map(|at| match b.zeros {
+                    // SAFETY: the block's [G][16] zero points hold 8 at g·16 + 8h.
+                    Some(z) => _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(z.as_ptr().add(at).cast()) }),
+                    None => _mm256_set1_epi32(8),
+                });
+                // SAFETY: the block's [G][16] scales hold 8 at g·16 + 8h; this function runs with the features
+                // `$params` needs.
+                let ws = halves.map(|at| unsafe { $params(b.w_scales, at) });
+                // SAFETY: as above, for the offsets.
+                let f = b.offsets.map(|f| halves.map(|at| unsafe { $params(f, at) }));
+                for (r, acc) in acc.iter().enumerate() {
+                    let row = r0 + r;
+                    let sum_i = b.sums[row * b.groups + g];
+                    let sum = _mm256_set1_epi32(sum_i);
+                    let a_scale = _mm256_set1_ps(b.a_scales[row * b.groups + g]);
+                    for (h, &acc) in acc.iter().enumerate() {
+                        let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_mullo_epi32(z[h], sum)));
+                        // SAFETY: row < m, so out[row·16 + 8h .. +8] is within out.
+                        let o = unsafe { out.as_mut_ptr().add(row * 16 + 8 * h) };
+                        // SAFETY: as above.
+                        let prev = unsafe { _mm256_loadu_ps(o) };
+                        let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws[h]), prev);
+                        if let Some(f) = f {
+                            acc_f = _mm256_fmadd_ps(_mm256_set1_ps(sum_i as f32), _mm256_mul_ps(a_scale, f[h]), acc_f);
+                        }
+                        // SAFETY: as above.
+                        unsafe { _mm256_storeu_ps(o, acc_f) };
+                    }
+                }
+            }
+        }
+    };
+}
+
+rows_avx2_fn!(rows_avx2, "avx2,fma", params8);
+rows_avx2_fn!(rows_avx2_f16c, "avx2,fma,f16c", params8_f16c);
 
 /// The AVX-512 VNNI kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
 pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
@@ -204,10 +264,10 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r
         // The group's zero points, scales and offsets, shared by its rows.
         // SAFETY: the block's [G][16] zero points hold 16 at g·16.
         let z = b.zeros.map(|z| _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * 16).cast()) }));
-        // SAFETY: the block's [G][16] scales hold 16 at g·16.
-        let ws = unsafe { _mm512_loadu_ps(b.w_scales.as_ptr().add(g * 16)) };
-        // SAFETY: the block's [G][16] offsets hold 16 at g·16.
-        let f = b.offsets.map(|f| unsafe { _mm512_loadu_ps(f.as_ptr().add(g * 16)) });
+        // SAFETY: the block's [G][16] scales hold 16 at g·16, and this function runs with AVX-512F.
+        let ws = unsafe { params16(b.w_scales, g * 16) };
+        // SAFETY: as above, for the offsets.
+        let f = b.offsets.map(|f| unsafe { params16(f, g * 16) });
         for (r, &acc) in acc.iter().enumerate() {
             let row = r0 + r;
             let sum_i = b.sums[row * b.groups + g];
@@ -228,6 +288,101 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r
             }
             // SAFETY: as above.
             unsafe { _mm512_storeu_ps(o, acc_f) };
+        }
+    }
+}
+
+/// Sixteen of a block's parameters from `at`, widened to f32 (`vcvtph2ps` is AVX-512F).
+///
+/// # Safety
+/// The CPU must support AVX-512F; `at + 16` must not exceed `p`'s length.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn params16(p: Params, at: usize) -> __m512 {
+    match p {
+        // SAFETY: at + 16 ≤ len (the caller's contract).
+        Params::F32(v) => unsafe { _mm512_loadu_ps(v.as_ptr().add(at)) },
+        // SAFETY: as above, sixteen u16.
+        Params::F16(h) => unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().add(at).cast())) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::w4a8::params::ParamTable;
+
+    /// Without F16C, the AVX2 kernel widens f16 tables one value at a time, to the bits F16C gives (the
+    /// path a CPU without F16C takes, run here on one that has it).
+    #[test]
+    fn f16_tables_widen_to_the_same_bits_without_f16c() {
+        // A skip is printed, and is a failure where every level must run (INT4_TEST_EVERYTHING=1).
+        let skip = |why: &str| {
+            let msg = format!("f16_tables_widen_to_the_same_bits_without_f16c: SKIPPED ({why})");
+            assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "{msg}");
+            eprintln!("{msg}");
+        };
+        let Some(tok) = Avx2Fma::new() else {
+            return skip("no AVX2 + FMA");
+        };
+        if !std::arch::is_x86_feature_detected!("f16c") {
+            return skip("no F16C to compare with");
+        }
+        let (groups, kp) = (3, 96);
+        let table = |seed: u32| {
+            let values =
+                (0..groups * 16).map(|i| half::f16::from_bits(0x2000 + (i as u16 * 997 + seed as u16) % 0x4000));
+            ParamTable::from_f32(values.map(|h| h.to_f32()).collect())
+        };
+        let (scales, offsets) = (table(1), table(5));
+        let w: Vec<u8> = (0..kp / 8 * 64).map(|i| (i * 37 % 251) as u8).collect();
+        let spans: Vec<_> = (0..groups).map(|g| g * 32..(g + 1) * 32).collect();
+        for m in 1..=5 {
+            let x: Vec<i8> = (0..m * kp).map(|i| (i * 29 % 255) as i8).collect();
+            let a_scales: Vec<f32> = (0..m * groups).map(|i| 0.01 * (i + 1) as f32).collect();
+            let sums: Vec<i32> = (0..m * groups).map(|i| 100 - 17 * i as i32).collect();
+            let block = Block {
+                w: &w,
+                x: &x,
+                kp,
+                m,
+                a_scales: &a_scales,
+                sums: &sums,
+                groups,
+                spans: &spans,
+                w_scales: scales.view(),
+                zeros: None,
+                offsets: Some(offsets.view()),
+            };
+            let (mut with, mut without) = (vec![0.5f32; m * 16], vec![0.5f32; m * 16]);
+            block_avx2_widening(tok, &block, &mut with, true);
+            block_avx2_widening(tok, &block, &mut without, false);
+            assert_eq!(
+                with.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                without.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{m} rows"
+            );
+            let mut portable = vec![0.5f32; m * 16];
+            for r in 0..m {
+                for (g, span) in spans.iter().enumerate() {
+                    let mut acc = [0i32; 16];
+                    for j in span.start / 8..span.end / 8 {
+                        for (c, a) in acc.iter_mut().enumerate() {
+                            for i in 0..4 {
+                                let byte = w[j * 64 + 4 * c + i];
+                                *a += i32::from(byte & 15) * i32::from(x[r * kp + 8 * j + i])
+                                    + i32::from(byte >> 4) * i32::from(x[r * kp + 8 * j + 4 + i]);
+                            }
+                        }
+                    }
+                    block.finish(r, g, &acc, &mut portable[r * 16..(r + 1) * 16]);
+                }
+            }
+            assert_eq!(
+                with.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{m} rows against the shared epilogue"
+            );
         }
     }
 }
