@@ -167,6 +167,44 @@ impl VectorOps {
         }
     }
 
+    /// [`Self::dots_heads`] against keys stored in f16: each score bit for bit what `dots_heads` gives
+    /// against the keys widened to f32 ([`Self::widen_f16`]). With F16C (and AVX2 or AVX-512) the keys are
+    /// widened in registers as they are read, so half the bytes are read and nothing is written; the
+    /// portable path widens one key at a time. Panics as `dots_heads` does.
+    pub fn dots_heads_f16(&self, qs: &[f32], heads: usize, keys: &[f16], stride: usize, out: &mut [f32]) {
+        assert!(
+            heads > 0 && qs.len().is_multiple_of(heads) && out.len().is_multiple_of(heads),
+            "dots_heads_f16: not whole heads"
+        );
+        let (len, n) = (qs.len() / heads, out.len() / heads);
+        if n == 0 || len == 0 {
+            out.fill(0.0);
+            return;
+        }
+        assert!((n - 1) * stride + len <= keys.len(), "dots_heads_f16: the keys are too short");
+        let (q, k, o) = (qs.as_ptr(), keys.as_ptr().cast::<u16>(), out.as_mut_ptr());
+        match (self.wide, self.f16c) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX-512F, AVX2 and FMA, and `f16c` that the live CPU has F16C; `qs`
+            // holds `heads·len` floats, the assert proves keys j < n readable for `len` halves at j·stride,
+            // and `out` holds `heads·n`.
+            (Some(_), true) => unsafe { crate::x86_64::avx512::dots_heads_f16(q, heads, k, stride, len, n, o) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `f16c` is set only where the AVX2 token exists and the live CPU has F16C; bounds as
+            // above.
+            (None, true) => unsafe { crate::x86_64::avx2::dots_heads_f16(q, heads, k, stride, len, n, o) },
+            _ => {
+                let mut wide = vec![0.0f32; len];
+                for j in 0..n {
+                    self.widen_f16(&keys[j * stride..j * stride + len], &mut wide);
+                    for (h, q) in qs.chunks_exact(len).enumerate() {
+                        out[h * n + j] = self.dot(q, &wide);
+                    }
+                }
+            }
+        }
+    }
+
     /// `dst[i] = src[i]` widened from f16, which is exact (every f16 is an f32): sixteen at a time with
     /// AVX-512, eight with F16C, one at a time in portable Rust, every variant the same bits (a NaN stays a
     /// NaN). A KV cache stored in f16 is read through it. Panics if the lengths differ.
@@ -925,6 +963,39 @@ mod tests {
                     for (j, o) in out.iter().enumerate() {
                         let want = op.dot(&q, &keys[j * stride..j * stride + len]);
                         assert_eq!(o.to_bits(), want.to_bits(), "len {len} n {n} key {j}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `dots_heads_f16` gives every head and key the bits `dots_heads` gives against the same keys
+    /// widened, on every variant this CPU runs (AVX-512 with F16C, AVX2 with F16C, portable), for head
+    /// sizes with and without whole 32-value steps, eight-value steps and scalar tails, key counts around
+    /// the eight-key blocks, and one to four heads.
+    #[test]
+    fn dots_heads_against_f16_keys_are_bit_for_bit_against_the_widened_keys() {
+        let caps = IsaCaps::process();
+        let f16c = VectorOps::with_caps(&caps.with_max_level(crate::isa::IsaLevel::Avx2));
+        let ops = [VectorOps::new(), f16c, VectorOps { tok: None, wide: None, f16c: false }];
+        if !ops[0].f16c {
+            eprintln!("dots_heads_against_f16_keys: the SIMD variants are not run (no F16C here)");
+        }
+        for len in [1usize, 7, 8, 13, 16, 24, 32, 40, 64, 70, 128] {
+            for n in [0usize, 1, 7, 8, 9, 16, 23] {
+                for heads in 1..=4 {
+                    let stride = heads * len + 3;
+                    let qs: Vec<f32> = (0..heads * len).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+                    let keys: Vec<f16> =
+                        (0..n * stride + len).map(|i| f16::from_f32((i as f32 * 0.113).cos() * 1.7)).collect();
+                    let wide: Vec<f32> = keys.iter().map(|k| k.to_f32()).collect();
+                    for op in &ops {
+                        let mut want = vec![f32::NAN; heads * n];
+                        op.dots_heads(&qs, heads, &wide, stride, &mut want);
+                        let mut out = vec![f32::NAN; heads * n];
+                        op.dots_heads_f16(&qs, heads, &keys, stride, &mut out);
+                        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&out), bits(&want), "len {len} n {n} heads {heads} {op:?}");
                     }
                 }
             }

@@ -64,6 +64,14 @@ impl Plane {
         }
     }
 
+    /// Every position of head `h` (`[capacity][dim]`), where this plane stores f16.
+    pub(crate) fn head_f16(&self, g: Heads, h: usize) -> Option<&[f16]> {
+        match self {
+            Plane::F16(x) => Some(&x[h * g.capacity * g.dim..(h + 1) * g.capacity * g.dim]),
+            Plane::F32(_) => None,
+        }
+    }
+
     /// Head `h`'s positions from `p0` on, widened to f32 into `out` (`out.len() / dim` positions).
     pub(crate) fn widen(&self, ops: &VectorOps, g: Heads, h: usize, p0: usize, out: &mut [f32]) {
         let at = (h * g.capacity + p0) * g.dim;

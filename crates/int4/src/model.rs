@@ -186,9 +186,9 @@ fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
     }
 }
 
-/// Keys (then values) a decode row widens at a time from a 16-bit cache: 64 KiB of f32 at SmolLM2's head
-/// size, so the block is still in L2 when the scores or `P·V` read it.
-const KV_WIDEN_KEYS: usize = 256;
+/// Values a decode row widens at a time from a 16-bit cache: 64 KiB of f32 at SmolLM2's head size, so the
+/// block is still in L2 when `P·V` reads it.
+const KV_WIDEN_VALUES: usize = 256;
 
 /// A run of at least this many query rows (one sequence, consecutive positions) takes the block path.
 const ATTN_BLOCK_MIN_ROWS: usize = 4;
@@ -355,10 +355,11 @@ fn attention(
 /// widened to f32 (`[keys][hd]`, from a 16-bit cache only) when `r` reaches [`ATTN_BLOCK_MIN_ROWS`].
 /// Returns `[r][group·hd]`.
 ///
-/// Decode from a 16-bit cache widens [`KV_WIDEN_KEYS`] keys (then values) at a time into a buffer that
-/// stays in cache: the scores are the same dot products, and `P·V` the same FMA chains continued block
-/// after block ([`VectorOps::gemm_add`]), so the result is bit for bit what an f32 cache holding the same
-/// values gives.
+/// Decode from a 16-bit cache scores the keys as they are stored, widening them in registers
+/// ([`VectorOps::dots_heads_f16`]: the same dot products as against widened keys), and widens
+/// [`KV_WIDEN_VALUES`] values at a time into a buffer that stays in cache, `P·V` continuing the same FMA
+/// chains block after block ([`VectorOps::gemm_add`]); so the result is bit for bit what an f32 cache
+/// holding the same values gives.
 #[allow(clippy::too_many_arguments)]
 fn attend_block(
     ops: &VectorOps,
@@ -402,25 +403,18 @@ fn attend_block(
         }
     } else {
         let mut s = vec![0.0f32; group * nk];
-        // From a 16-bit cache: a block of keys or values widened, and the block's scores.
-        let block = if kc.is_some() && vc.is_some() { 0 } else { KV_WIDEN_KEYS.min(nk) };
-        let (mut wide, mut scores) = (vec![0.0f32; block * hd], vec![0.0f32; group * block]);
+        // From a 16-bit cache: a block of values widened (the keys are widened in registers).
+        let block = if vc.is_some() { 0 } else { KV_WIDEN_VALUES.min(nk) };
+        let mut wide = vec![0.0f32; block * hd];
+        let k16 = kp.head_f16(heads, kvh);
         for t in 0..r {
             let len = p0 + t + 1;
             let q0 = (i0 + t) * qkv_n + kvh * gw;
             let qs = &qkv[q0..q0 + gw];
-            match kc {
-                Some(kc) => ops.dots_heads(qs, group, &kc[..len * hd], hd, &mut s[..group * len]),
-                None => {
-                    for c0 in (0..len).step_by(block) {
-                        let n = (len - c0).min(block);
-                        kp.widen(ops, heads, kvh, c0, &mut wide[..n * hd]);
-                        ops.dots_heads(qs, group, &wide[..n * hd], hd, &mut scores[..group * n]);
-                        for g in 0..group {
-                            s[g * len + c0..g * len + c0 + n].copy_from_slice(&scores[g * n..(g + 1) * n]);
-                        }
-                    }
-                }
+            match (kc, k16) {
+                (Some(kc), _) => ops.dots_heads(qs, group, &kc[..len * hd], hd, &mut s[..group * len]),
+                (None, Some(k16)) => ops.dots_heads_f16(qs, group, &k16[..len * hd], hd, &mut s[..group * len]),
+                (None, None) => unreachable!("a plane stores f32 or f16"),
             }
             for (g, w) in inv.iter_mut().enumerate().take(group) {
                 let row = &mut s[g * len..(g + 1) * len];

@@ -362,28 +362,98 @@ pub unsafe fn dots_heads_f32(
     out: *mut f32,
 ) {
     // The caller's contract is the one the macro's unsafe blocks rely on.
-    dots_heads_with!(dot_lanes, q, heads, keys, stride, len, n, out)
+    dots_heads_with!(dot_lanes, dot_tail, q, heads, keys, stride, len, n, out)
 }
 
-/// The loops of `dots_heads_f32` around a lanes function (`dot_lanes`, or the AVX-512 one with the same
-/// chains), written once for both variants, each of which expands it under its own target features.
-/// Expanded in an `unsafe fn` whose contract is [`dots_heads_f32`]'s.
+/// [`dot_tail`] against f16 keys (raw bits), each widened exactly: the same products, the same bits as
+/// against the widened keys.
+///
+/// # Safety
+/// `a` readable for `len` floats, `b` for `len` halves.
+#[inline]
+pub(crate) unsafe fn dot_tail_f16(a: *const f32, b: *const u16, len: usize, mut s: f32) -> f32 {
+    for i in len - len % 8..len {
+        // SAFETY: i < len.
+        unsafe { s = (*a.add(i)).mul_add(half::f16::from_bits(*b.add(i)).to_f32_const(), s) };
+    }
+    s
+}
+
+/// [`dot_lanes`] against f16 keys (raw bits), each eight widened exactly with F16C as they are loaded:
+/// the same chains, so the same lanes as against the widened keys.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `a` readable for `len` floats, `b` for `len` halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_lanes_f16(a: *const f32, b: *const u16, len: usize) -> __m256 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= len {
+        for (j, c) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 32 <= len, so lanes i + 8j .. i + 8j + 8 of both are readable.
+            unsafe {
+                let k = _mm256_cvtph_ps(_mm_loadu_si128(b.add(i + 8 * j).cast()));
+                *c = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8 * j)), k, *c);
+            }
+        }
+        i += 32;
+    }
+    while i + 8 <= len {
+        // SAFETY: i + 8 <= len.
+        unsafe {
+            acc[0] =
+                _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_cvtph_ps(_mm_loadu_si128(b.add(i).cast())), acc[0])
+        };
+        i += 8;
+    }
+    _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))
+}
+
+/// [`dots_heads_f32`] against keys stored in f16 (raw bits), widened in registers as they are read:
+/// every score bit for bit [`dots_heads_f32`]'s against the widened keys, with half the key bytes read
+/// and none written.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `q` readable for `heads·len` floats, `keys` for `(n − 1)·
+/// stride + len` halves when `n > 0`, `out` writable for `heads·n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dots_heads_f16(
+    q: *const f32,
+    heads: usize,
+    keys: *const u16,
+    stride: usize,
+    len: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    // The caller's contract is the one the macro's unsafe blocks rely on.
+    dots_heads_with!(dot_lanes_f16, dot_tail_f16, q, heads, keys, stride, len, n, out)
+}
+
+/// The loops of `dots_heads_f32` around a lanes function and its scalar tail (`dot_lanes` and
+/// `dot_tail`, the AVX-512 lanes with the same chains, or either against f16 keys), written once for
+/// every variant, each of which expands it under its own target features. Expanded in an `unsafe fn`
+/// whose contract is [`dots_heads_f32`]'s (with halves for keys where the keys are f16).
 macro_rules! dots_heads_with {
-    ($lanes:path, $q:expr, $heads:expr, $keys:expr, $stride:expr, $len:expr, $n:expr, $out:expr) => {{
-        use $crate::x86_64::avx2::{dot_tail, hsum, hsum8};
+    ($lanes:path, $tail:path, $q:expr, $heads:expr, $keys:expr, $stride:expr, $len:expr, $n:expr, $out:expr) => {{
+        use $crate::x86_64::avx2::{hsum, hsum8};
         let (q, heads, keys, stride, len, n, out) = ($q, $heads, $keys, $stride, $len, $n, $out);
         let mut j = 0;
         while j + 8 <= n {
             for h in 0..heads {
                 // SAFETY: h < heads, so query h's `len` floats are readable.
                 let qh = unsafe { q.add(h * len) };
-                let v: [std::arch::x86_64::__m256; 8] = std::array::from_fn(|t| {
+                // A plain loop, not `array::from_fn`: a closure called from a function without these
+                // target features is not inlined, and each key would cost a call.
+                let mut v = [std::arch::x86_64::_mm256_setzero_ps(); 8];
+                for (t, v) in v.iter_mut().enumerate() {
                     // SAFETY: keys j..j + 8 lie within the n the caller made readable.
-                    unsafe { $lanes(qh, keys.add((j + t) * stride), len) }
-                });
+                    *v = unsafe { $lanes(qh, keys.add((j + t) * stride), len) };
+                }
                 for (t, s) in hsum8(v).into_iter().enumerate() {
                     // SAFETY: as above; out[h·n + j + t] is writable for h < heads, j + t < n.
-                    unsafe { *out.add(h * n + j + t) = dot_tail(qh, keys.add((j + t) * stride), len, s) };
+                    unsafe { *out.add(h * n + j + t) = $tail(qh, keys.add((j + t) * stride), len, s) };
                 }
             }
             j += 8;
@@ -393,7 +463,7 @@ macro_rules! dots_heads_with {
                 // SAFETY: query h and key j < n are readable and out[h·n + j] writable.
                 unsafe {
                     let (qh, key) = (q.add(h * len), keys.add(j * stride));
-                    *out.add(h * n + j) = dot_tail(qh, key, len, hsum($lanes(qh, key, len)));
+                    *out.add(h * n + j) = $tail(qh, key, len, hsum($lanes(qh, key, len)));
                 }
             }
             j += 1;

@@ -628,5 +628,61 @@ pub unsafe fn dots_heads_f32(
     out: *mut f32,
 ) {
     // The caller's contract is the one the macro's unsafe blocks rely on (`super::avx2::dots_heads_f32`'s).
-    super::avx2::dots_heads_with!(dot_lanes_f32, q, heads, keys, stride, len, n, out)
+    super::avx2::dots_heads_with!(dot_lanes_f32, super::avx2::dot_tail, q, heads, keys, stride, len, n, out)
+}
+
+/// [`dot_lanes_f32`] against f16 keys (raw bits), widened exactly as they are loaded (sixteen with
+/// `vcvtph2ps` on 512 bits, eight in the last partial step): the same chains, the same lanes as against
+/// the widened keys.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and F16C; `a` readable for `len` floats, `b` for `len` halves.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn dot_lanes_f16(a: *const f32, b: *const u16, len: usize) -> __m256 {
+    let (mut c01, mut c23) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut i = 0;
+    while i + 32 <= len {
+        // SAFETY: i + 32 <= len, so values i..i + 32 of both are readable.
+        unsafe {
+            let (k0, k1) = (
+                _mm512_cvtph_ps(_mm256_loadu_si256(b.add(i).cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(b.add(i + 16).cast())),
+            );
+            c01 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), k0, c01);
+            c23 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 16)), k1, c23);
+        }
+        i += 32;
+    }
+    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let mut c0 = _mm512_castps512_ps256(c01);
+    while i + 8 <= len {
+        // SAFETY: i + 8 <= len.
+        unsafe {
+            let k = _mm256_cvtph_ps(_mm_loadu_si128(b.add(i).cast()));
+            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), k, c0);
+        }
+        i += 8;
+    }
+    _mm256_add_ps(_mm256_add_ps(c0, high(c01)), _mm256_add_ps(_mm512_castps512_ps256(c23), high(c23)))
+}
+
+/// [`super::avx2::dots_heads_f16`] with sixteen values per FMA: every score bit for bit
+/// [`dots_heads_f32`]'s against the widened keys.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and F16C; `q` readable for `heads·len` floats, `keys` for
+/// `(n − 1)·stride + len` halves when `n > 0`, `out` writable for `heads·n`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub unsafe fn dots_heads_f16(
+    q: *const f32,
+    heads: usize,
+    keys: *const u16,
+    stride: usize,
+    len: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    // The caller's contract is the one the macro's unsafe blocks rely on (`super::avx2::dots_heads_f16`'s).
+    super::avx2::dots_heads_with!(dot_lanes_f16, super::avx2::dot_tail_f16, q, heads, keys, stride, len, n, out)
 }
