@@ -109,6 +109,13 @@ fn round_ties_even_small(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
+/// One activation `v` quantized by the scale `s`: `round_ties_even((v / s).clamp(−127, 127))`, a NaN to 0
+/// (a NaN activation has no int8 value). The rule every variant follows.
+#[inline]
+pub(crate) fn quantize_one(v: f32, s: f32) -> i8 {
+    round_ties_even_small((v / s).clamp(-127.0, 127.0)) as i8
+}
+
 /// One row's outputs while quantizing: index, codes, group scales and group sums.
 type RowOut<'a> = (usize, ((&'a mut [i8], &'a mut [f32]), &'a mut [i32]));
 
@@ -133,6 +140,26 @@ pub fn quantize_activations(
     let mut data = vec![0i8; m * kp];
     let mut scales = vec![0.0f32; m * groups];
     let mut sums = vec![0i32; m * groups];
+    // AVX-512 runs the same rule sixteen values at a time, to the same bits (tested against this one).
+    #[cfg(target_arch = "x86_64")]
+    let wide = crate::isa::Avx512::new();
+    let amax = |v: &[f32]| {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tok) = wide {
+            return crate::x86_64::w4a8::amax_avx512(tok, v);
+        }
+        amax(v)
+    };
+    let quantize = |src: &[f32], s: f32, dst: &mut [i8]| -> i32 {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tok) = wide {
+            return crate::x86_64::w4a8::quantize_avx512(tok, src, s, dst);
+        }
+        for (d, &v) in dst.iter_mut().zip(src) {
+            *d = quantize_one(v, s);
+        }
+        dst.iter().map(|&v| i32::from(v)).sum()
+    };
     let quantize_row = |(r, ((q, scales), sums)): RowOut<'_>| {
         let row = &x[r * k..(r + 1) * k];
         let row_scale = (granularity == ActivationScales::PerToken).then(|| scale_for(amax(row)));
@@ -142,13 +169,7 @@ pub fn quantize_activations(
             let span = span.start.min(k)..span.end.min(k);
             let src = &row[span.clone()];
             *scale = row_scale.unwrap_or_else(|| scale_for(amax(src)));
-            let s = *scale;
-            let dst = &mut q[span];
-            for (d, &v) in dst.iter_mut().zip(src) {
-                // NaN becomes 0 (a NaN activation has no int8 value); the clamp keeps ±127.
-                *d = round_ties_even_small((v / s).clamp(-127.0, 127.0)) as i8;
-            }
-            *sum = dst.iter().map(|&v| i32::from(v)).sum();
+            *sum = quantize(src, *scale, &mut q[span]);
         }
     };
     let g1 = groups.max(1);
@@ -508,7 +529,17 @@ fn run_blocks(
         return Ok(());
     }
     let spans: Vec<Range<usize>> = (0..w.groups).map(|g| w.group_span(g)).collect();
-    let mut tiles = vec![0.0f32; w.n / 16 * m * 16];
+    // One row's tiles, `[N/16][1][16]`, are `out` itself; more rows' are gathered into it after.
+    let mut gathered = Vec::new();
+    let tiles = if m == 1 {
+        if bias.is_none() {
+            out.fill(0.0);
+        }
+        &mut *out
+    } else {
+        gathered = vec![0.0f32; w.n / 16 * m * 16];
+        &mut gathered
+    };
     // Keep tasks to at least ~64 K weight bytes × rows so small layers are not drowned in scheduling.
     let min_blocks = (65536 / (w.k_padded * 8 * m).max(1)).max(1);
     tiles
@@ -516,7 +547,7 @@ fn run_blocks(
         .with_min_len(min_blocks)
         .enumerate()
         .try_for_each(|(nb, tile)| {
-            // The tile starts at the bias (or at the zeros it was allocated with).
+            // The tile starts at the bias (or at the zeros it was allocated or filled with).
             if let Some(b) = bias {
                 let b16 = &b[nb * 16..nb * 16 + 16];
                 for row in tile.chunks_exact_mut(16) {
@@ -540,13 +571,9 @@ fn run_blocks(
             per_block(&block, tile)
         })
         .map_err(KernelError::from)?;
-    if m == 1 {
-        out.copy_from_slice(&tiles);
-    } else {
-        for (nb, tile) in tiles.chunks_exact(m * 16).enumerate() {
-            for r in 0..m {
-                out[r * w.n + nb * 16..r * w.n + nb * 16 + 16].copy_from_slice(&tile[r * 16..(r + 1) * 16]);
-            }
+    for (nb, tile) in gathered.chunks_exact(m * 16).enumerate() {
+        for r in 0..m {
+            out[r * w.n + nb * 16..r * w.n + nb * 16 + 16].copy_from_slice(&tile[r * 16..(r + 1) * 16]);
         }
     }
     Ok(())
