@@ -742,3 +742,54 @@ impl Linear {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use int4_kernels::isa::IsaLevel;
+    use int4_kernels::w4a8::W4A8Kernel;
+    use int4_layout::Codes;
+
+    use super::*;
+
+    fn w4a8_numerics() -> Numerics {
+        let kernels = choice::best(W4A8Kernel::spec(), &IsaCaps::unrestricted().with_max_level(IsaLevel::Portable))
+            .expect("the portable W4A8 kernel binds anywhere");
+        Numerics::W4a8 { group: GroupSize::G32, kernels, activations: ActivationScales::PerGroup, head: HeadBits::Four }
+    }
+
+    /// A layer whose scales and float zeros are all f16 values (a GGUF's) stores them as f16 sections and
+    /// reads them back in place to the same outputs; an artifact holding a table at both widths is refused;
+    /// scales found at load in f32 keep the f32 section.
+    #[test]
+    fn parameter_tables_are_stored_at_the_width_their_values_take() {
+        let (n, k) = (32, 64);
+        let codes = Codes::from_fn(n, k, |r, c| ((r * 3 + c * 5) % 16) as u8).unwrap();
+        let groups = 2;
+        let scale: Vec<f32> = (0..n * groups).map(|i| (1 + i % 7) as f32 / 256.0).collect();
+        let zero: Vec<f32> = (0..n * groups).map(|i| (i % 5) as f32 / 64.0 - 0.03125).collect();
+        let params = GroupParams::new(n, k, GroupSize::G32, scale, zero).unwrap();
+        let q = QuantLinear { codes, params, zeros: IntegerZeros::Absent, perm: None };
+        let numerics = w4a8_numerics();
+        let sections = Linear::pack_codes("l", q.clone(), numerics).unwrap();
+        let names: Vec<&str> = sections.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(names, ["l.w4a8", "l.w4a8_scales_f16", "l.w4a8_offsets_f16"]);
+        let shared: Vec<(String, SharedBytes)> = sections.into_iter().map(|(s, b)| (s, b.into())).collect();
+        let get = |s: &str| shared.iter().find(|(n, _)| n == s).map(|(_, b)| b.clone());
+        let layer = Linear::from_sections("l", n, k, None, numerics, &get).unwrap();
+        let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.3).sin()).collect();
+        let mut got = vec![0.0f32; n];
+        layer.forward(&x, 1, &mut got).unwrap();
+        let mut want = vec![0.0f32; n];
+        Linear::build_quantized("l", q, None, numerics).unwrap().forward(&x, 1, &mut want).unwrap();
+        assert_eq!(got, want);
+        assert!(got.iter().any(|&v| v != 0.0));
+
+        let both = |s: &str| if s == "l.w4a8_scales" { get("l.w4a8_scales_f16") } else { get(s) };
+        let e = Linear::from_sections("l", n, k, None, numerics, &both).unwrap_err().to_string();
+        assert!(e.contains("\"w4a8_scales\" at both 32 and 16 bits"), "{e}");
+
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) as f32 * 0.001).sin() * 0.1).collect();
+        let names: Vec<String> = Linear::pack("m", w, n, k, numerics).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(names, ["m.w4a8", "m.w4a8_scales", "m.w4a8_offsets"]);
+    }
+}
