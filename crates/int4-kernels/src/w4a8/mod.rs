@@ -44,6 +44,7 @@
 pub(crate) mod block;
 pub mod int8;
 pub mod params;
+pub(crate) mod round;
 
 use std::ops::Range;
 
@@ -60,6 +61,7 @@ use crate::tile::{TileConfig, TileError, TileUnit};
 use block::Block;
 use params::Params;
 pub use params::{ParamTable, ParamType, TableBytes};
+use round::quantize_one;
 
 pub use crate::choice::W4A8_AMX_MIN_ROWS as AMX_MIN_ROWS;
 
@@ -100,20 +102,6 @@ pub struct QuantizedActivations {
     pub scales: Vec<f32>,
     /// `[m][groups]`: `Σ xq` over each weight group.
     pub sums: Vec<i32>,
-}
-
-/// Rounds `v` (|v| < 2²²) to the nearest integer, ties to even, with the same f32 additions on every
-/// target (no dependence on SSE4.1's `roundps` or a libm call).
-fn round_ties_even_small(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2²³
-    (v + MAGIC) - MAGIC
-}
-
-/// One activation `v` quantized by the scale `s`: `round_ties_even((v / s).clamp(−127, 127))`, a NaN to 0
-/// (a NaN activation has no int8 value). The rule every variant follows.
-#[inline]
-pub(crate) fn quantize_one(v: f32, s: f32) -> i8 {
-    round_ties_even_small((v / s).clamp(-127.0, 127.0)) as i8
 }
 
 /// One row's outputs while quantizing: index, codes, group scales and group sums.

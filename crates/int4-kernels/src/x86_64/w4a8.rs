@@ -20,6 +20,7 @@ use std::arch::x86_64::*;
 use crate::isa::{Avx2Fma, Avx512, Avx512Vnni};
 use crate::w4a8::block::Block;
 use crate::w4a8::params::Params;
+use crate::w4a8::round::{ROUND_MAGIC, quantize_one};
 
 /// Whether the block's scale, zero and offset tables hold 16 values per span (group).
 fn params_cover(b: &Block) -> bool {
@@ -330,7 +331,7 @@ unsafe fn amax_avx512_impl(v: &[f32]) -> f32 {
 }
 
 /// Quantizes `src` by the scale `s` into `dst` (the same length) with the portable rule
-/// ([`crate::w4a8::quantize_one`]), sixteen at a time: the same f32 division and `1.5·2²³` additions, a
+/// ([`crate::w4a8::round::quantize_one`]), sixteen at a time: the same f32 division and `1.5·2²³` additions, a
 /// NaN to 0. Returns `Σ dst`.
 pub(crate) fn quantize_avx512(_tok: Avx512, src: &[f32], s: f32, dst: &mut [i8]) -> i32 {
     assert_eq!(src.len(), dst.len(), "quantize_avx512 of slices of different lengths");
@@ -342,9 +343,8 @@ pub(crate) fn quantize_avx512(_tok: Avx512, src: &[f32], s: f32, dst: &mut [i8])
 /// The CPU must support AVX-512F; `src` and `dst` must be the same length.
 #[target_feature(enable = "avx512f")]
 unsafe fn quantize_avx512_impl(src: &[f32], s: f32, dst: &mut [i8]) -> i32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2²³, quantize_one's rounding
     let (scale, lo, hi, magic) =
-        (_mm512_set1_ps(s), _mm512_set1_ps(-127.0), _mm512_set1_ps(127.0), _mm512_set1_ps(MAGIC));
+        (_mm512_set1_ps(s), _mm512_set1_ps(-127.0), _mm512_set1_ps(127.0), _mm512_set1_ps(ROUND_MAGIC));
     let mut sum = _mm512_setzero_si512();
     let whole = src.len() - src.len() % 16;
     for i in (0..whole).step_by(16) {
@@ -362,7 +362,7 @@ unsafe fn quantize_avx512_impl(src: &[f32], s: f32, dst: &mut [i8]) -> i32 {
     }
     let mut total = _mm512_reduce_add_epi32(sum);
     for (d, &v) in dst[whole..].iter_mut().zip(&src[whole..]) {
-        *d = crate::w4a8::quantize_one(v, s);
+        *d = quantize_one(v, s);
         total += i32::from(*d);
     }
     total
@@ -396,7 +396,7 @@ mod tests {
             let slices = lens.iter().flat_map(|&len| [&values[..len], &values[values.len() - len..]]);
             for src in slices {
                 let len = src.len();
-                let want: Vec<i8> = src.iter().map(|&v| crate::w4a8::quantize_one(v, s)).collect();
+                let want: Vec<i8> = src.iter().map(|&v| quantize_one(v, s)).collect();
                 let mut got = vec![99i8; len];
                 let sum = quantize_avx512(tok, src, s, &mut got);
                 assert_eq!(got, want, "scale {s} len {len}");
