@@ -4,10 +4,10 @@
 //! Why a 16-bit cache: past a few hundred positions attention's reads of the cache outgrow a decode step's
 //! reads of the 4-bit weights (SmolLM2 keeps 45 KiB of f32 keys and values a position, 110 MiB at 2,500),
 //! and those reads run at memory speed. f16 halves them. Planes are head-major ([`Heads`]): the positions
-//! of the one KV head an attention task reads are contiguous, so attention widens a block of them from f16
-//! in one pass (F16C where the CPU has it) into an f32 buffer that stays in cache, and runs the f32
-//! kernels on it. A 16-bit cache therefore gives bit for bit what an f32 cache holding the same rounded
-//! values gives; the only new error is the rounding of each stored value (relative 2⁻¹¹ in f16's normal
+//! of the one KV head an attention task reads are contiguous, so decode scores a head's keys as stored,
+//! widening them in registers, and widens a block of its values at a time into an f32 buffer that stays in
+//! cache; every widening is exact and the f32 kernels' chains are the same. A 16-bit cache therefore gives
+//! bit for bit what an f32 cache holding the same rounded values gives; the only new error is the rounding of each stored value (relative 2⁻¹¹ in f16's normal
 //! range, absolute 2⁻²⁵ below it; beyond ±65504 a value becomes infinite, as in llama.cpp's f16 cache).
 
 use half::f16;
@@ -18,8 +18,8 @@ use int4_select::KvType;
 use crate::error::{Error, Result};
 
 /// Where a plane keeps a value: KV head `h`, position `p` and dimension `d` at `(h·capacity + p)·dim + d`.
-/// Head-major, so the positions of one head, which one attention task reads, are contiguous: a block of
-/// them widens from f16 in one pass.
+/// Head-major, so the positions of one head, which one attention task reads, are contiguous: its keys are
+/// scored and a block of its values widened in one pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Heads {
     /// KV heads.

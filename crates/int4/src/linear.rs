@@ -784,9 +784,27 @@ mod tests {
         assert_eq!(got, want);
         assert!(got.iter().any(|&v| v != 0.0));
 
-        let both = |s: &str| if s == "l.w4a8_scales" { get("l.w4a8_scales_f16") } else { get(s) };
-        let e = Linear::from_sections("l", n, k, None, numerics, &both).unwrap_err().to_string();
-        assert!(e.contains("\"w4a8_scales\" at both 32 and 16 bits"), "{e}");
+        for part in ["w4a8_scales", "w4a8_offsets"] {
+            let both = |s: &str| if s == format!("l.{part}") { get(&format!("l.{part}_f16")) } else { get(s) };
+            let e = Linear::from_sections("l", n, k, None, numerics, &both).unwrap_err().to_string();
+            assert!(e.contains(&format!("\"{part}\" at both 32 and 16 bits")), "{e}");
+        }
+
+        // 8-bit codes with f16 scales (a GGUF's Q8_0) on W4A8: the low plane's scales as f16, refused at both.
+        let (n8, k8) = (16, 64);
+        let codes: Vec<i8> = (0..n8 * k8).map(|i| (i * 37 % 255) as i8 - 127).collect();
+        let scales: Vec<f32> = (0..n8 * 2).map(|i| (1 + i % 9) as f32 / 1024.0).collect();
+        let eight = numerics.for_eight_bit();
+        let q8 = Int8Codes { n: n8, k: k8, codes, scales };
+        let sections = Linear::pack_int8("e", q8, eight).unwrap();
+        let names: Vec<&str> = sections.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(names, ["e.int8_hi", "e.int8_lo", "e.int8_scales_f16"]);
+        let shared: Vec<(String, SharedBytes)> = sections.into_iter().map(|(s, b)| (s, b.into())).collect();
+        let get8 = |s: &str| shared.iter().find(|(n, _)| n == s).map(|(_, b)| b.clone());
+        assert!(Linear::from_sections("e", n8, k8, None, eight, &get8).is_ok());
+        let both = |s: &str| if s == "e.int8_scales" { get8("e.int8_scales_f16") } else { get8(s) };
+        let e = Linear::from_sections("e", n8, k8, None, eight, &both).unwrap_err().to_string();
+        assert!(e.contains("\"int8_scales\" at both 32 and 16 bits"), "{e}");
 
         let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) as f32 * 0.001).sin() * 0.1).collect();
         let names: Vec<String> = Linear::pack("m", w, n, k, numerics).unwrap().into_iter().map(|(s, _)| s).collect();

@@ -29,9 +29,10 @@
 //! one 64-byte load is a VNNI pair of K quads for 16 channels (AVX-512: one register; AVX2: two), unpacked
 //! with one AND and one shift; K padded with zero codes to the tile K block (padded activations are zero);
 //! the group parameters stored per block, `[N/16][G][16]`, so a kernel streaming the blocks reads codes
-//! and parameters as two sequential streams (docs/perf.md has what `[G][N]` order cost). The AMX kernel
-//! expands one 16-channel block at a time into a byte tile buffer (the B tiles in VNNI order), so the
-//! resident weights stay at 4 bits.
+//! and parameters as two sequential streams (docs/perf.md has what `[G][N]` order cost); a float table is
+//! held in f16 when every value in it is one exactly ([`params`]), widened exactly in the kernels. The AMX
+//! kernel expands one 16-channel block at a time into a byte tile buffer (the B tiles in VNNI order), so
+//! the resident weights stay at 4 bits.
 //!
 //! # Kernels
 //!

@@ -31,7 +31,7 @@ impl ParamType {
         }
     }
 
-    /// The name used in reports.
+    /// The width's name: `f32` or `f16`.
     pub fn name(self) -> &'static str {
         match self {
             ParamType::F32 => "f32",
@@ -75,8 +75,8 @@ impl ParamTable {
         }
     }
 
-    /// The table stored in `stored`, read in place where aligned. An f16 table that f32 would hold is
-    /// taken as it is: the width is the writer's, the values are what they are.
+    /// The table stored in `stored`, read in place where aligned, at the width it was stored in (an f32
+    /// table whose values would all fit f16 stays f32: the values, not the width, are what is checked).
     pub fn from_bytes(stored: TableBytes) -> Result<Self, KernelError> {
         Ok(ParamTable(match stored.ty {
             ParamType::F32 => Repr::F32(Floats::new(stored.bytes)?),
@@ -153,10 +153,12 @@ impl ParamTable {
 }
 
 impl PartialEq for ParamTable {
-    /// Tables are equal when they hold the same values at the same width.
+    /// Tables are equal when they hold the same bits at the same width.
     fn eq(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
-            (Repr::F32(a), Repr::F32(b)) => a.as_slice() == b.as_slice(),
+            (Repr::F32(a), Repr::F32(b)) => {
+                a.as_slice().iter().map(|v| v.to_bits()).eq(b.as_slice().iter().map(|v| v.to_bits()))
+            }
             (Repr::F16(a), Repr::F16(b)) => a.as_slice() == b.as_slice(),
             _ => false,
         }

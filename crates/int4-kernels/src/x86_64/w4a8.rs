@@ -47,18 +47,23 @@ unsafe fn quad(p: *const i8) -> i32 {
 pub(crate) fn block_avx2(tok: Avx2Fma, b: &Block, out: &mut [f32]) {
     // F16C widens an f16 table eight values at a time; every AVX2 CPU known has it, but the kernel does
     // not assume it: without it, f16 values are widened one by one (the same f32 values).
-    block_avx2_widening(tok, b, out, std::arch::is_x86_feature_detected!("f16c"));
+    // SAFETY: `f16c` is exactly the live CPU's answer.
+    unsafe { block_avx2_widening(tok, b, out, std::arch::is_x86_feature_detected!("f16c")) }
 }
 
-/// [`block_avx2`], widening f16 tables with F16C only when `f16c` (which only a live check may set).
-fn block_avx2_widening(_tok: Avx2Fma, b: &Block, out: &mut [f32], f16c: bool) {
+/// [`block_avx2`], widening f16 tables with F16C only when `f16c`.
+///
+/// # Safety
+/// `f16c` may be true only where the live CPU has F16C.
+unsafe fn block_avx2_widening(_tok: Avx2Fma, b: &Block, out: &mut [f32], f16c: bool) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
     assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(4);
-        // SAFETY: the token proves AVX2 + FMA, and `f16c` is set only where the live CPU has F16C; the block's
+        // SAFETY: the token proves AVX2 + FMA, and `f16c` is true only where the live CPU has F16C (this
+        // function's contract); the block's
         // invariants (module docs) and the assert above keep every access in bounds for rows r0..r0+rows.
         unsafe {
             match (rows, f16c) {
@@ -155,18 +160,28 @@ macro_rules! rows_avx2_fn {
                     }
                     j += 4;
                 }
-                // The group's zero points, scales and offsets, shared by its rows, each half of the 16 channels.
-                let halves = [g * 16, g * 16 + 8];
-                let z = halves.map(|at| match b.zeros {
-                    // SAFETY: the block's [G][16] zero points hold 8 at g·16 + 8h.
-                    Some(z) => _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(z.as_ptr().add(at).cast()) }),
-                    None => _mm256_set1_epi32(8),
-                });
-                // SAFETY: the block's [G][16] scales hold 8 at g·16 + 8h; this function runs with the features
-                // `$params` needs.
-                let ws = halves.map(|at| unsafe { $params(b.w_scales, at) });
-                // SAFETY: as above, for the offsets.
-                let f = b.offsets.map(|f| halves.map(|at| unsafe { $params(f, at) }));
+                // The group's zero points, scales and offsets, shared by its rows, each half of the 16 channels
+                // (written out, not through `array::map`, whose closures would not inline under the target
+                // features).
+                let (at0, at1) = (g * 16, g * 16 + 8);
+                let z = match b.zeros {
+                    // SAFETY: the block's [G][16] zero points hold 8 at g·16 and 8 at g·16 + 8.
+                    Some(z) => unsafe {
+                        [
+                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(z.as_ptr().add(at0).cast())),
+                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(z.as_ptr().add(at1).cast())),
+                        ]
+                    },
+                    None => [_mm256_set1_epi32(8); 2],
+                };
+                // SAFETY: the block's [G][16] scales hold 8 at g·16 and 8 at g·16 + 8; this function runs with
+                // the features `$params` needs.
+                let ws = unsafe { [$params(b.w_scales, at0), $params(b.w_scales, at1)] };
+                let f = match b.offsets {
+                    // SAFETY: as above, for the offsets.
+                    Some(f) => Some(unsafe { [$params(f, at0), $params(f, at1)] }),
+                    None => None,
+                };
                 for (r, acc) in acc.iter().enumerate() {
                     let row = r0 + r;
                     let sum_i = b.sums[row * b.groups + g];
@@ -425,8 +440,16 @@ mod tests {
         }
         let (groups, kp) = (3, 96);
         let table = |seed: u32| {
-            let values =
-                (0..groups * 16).map(|i| half::f16::from_bits(0x2000 + (i as u16 * 997 + seed as u16) % 0x4000));
+            // Both signs, normal values, subnormals (exponent 0) and signed zeros.
+            let values = (0..groups * 16).map(|i| {
+                let bits = match i % 8 {
+                    0 => 0x8000,
+                    1 => 0x0000,
+                    2 | 3 => (i as u16 * 31 + seed as u16) % 0x0400,
+                    _ => 0x2000 + (i as u16 * 997 + seed as u16) % 0x4000,
+                };
+                half::f16::from_bits(if i % 3 == 1 { bits | 0x8000 } else { bits })
+            });
             ParamTable::from_f32(values.map(|h| h.to_f32()).collect())
         };
         let (scales, offsets) = (table(1), table(5));
@@ -450,8 +473,11 @@ mod tests {
                 offsets: Some(offsets.view()),
             };
             let (mut with, mut without) = (vec![0.5f32; m * 16], vec![0.5f32; m * 16]);
-            block_avx2_widening(tok, &block, &mut with, true);
-            block_avx2_widening(tok, &block, &mut without, false);
+            // SAFETY: this CPU has F16C (checked above); without it is allowed anywhere.
+            unsafe {
+                block_avx2_widening(tok, &block, &mut with, true);
+                block_avx2_widening(tok, &block, &mut without, false);
+            }
             assert_eq!(
                 with.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 without.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
