@@ -792,7 +792,7 @@ mod tests {
 
         // 8-bit codes with f16 scales (a GGUF's Q8_0) on W4A8: the low plane's scales as f16, refused at both.
         let (n8, k8) = (16, 64);
-        let codes: Vec<i8> = (0..n8 * k8).map(|i| (i * 37 % 255) as i8 - 127).collect();
+        let codes: Vec<i8> = (0..n8 * k8).map(|i| ((i * 37 % 255) as i32 - 127) as i8).collect();
         let scales: Vec<f32> = (0..n8 * 2).map(|i| (1 + i % 9) as f32 / 1024.0).collect();
         let eight = numerics.for_eight_bit();
         let q8 = Int8Codes { n: n8, k: k8, codes, scales };
