@@ -21,6 +21,24 @@ use crate::isa::{Avx2Fma, Avx512};
 /// file is below that one, so it names its own).
 pub(crate) const GROUP: usize = 32;
 
+/// How far ahead a one-activation-row (decode) pass prefetches codes, in blocks of `NR` weight rows. The
+/// `NR` rows a pass reads side by side are `NR` streams a few lines long, which the hardware prefetcher
+/// does not follow far enough ahead: from memory the head's decode waited on its loads.
+const DECODE_PREFETCH_BLOCKS: usize = 2;
+
+/// At group `g` of a one-activation-row pass over `NR` weight rows at `codes`, prefetches that group's
+/// share of the codes [`DECODE_PREFETCH_BLOCKS`] blocks ahead (`NR·32` bytes, one line at a time), so
+/// each block's codes are requested while the block two before it runs. Weight rows are contiguous, so
+/// the block ahead starts `NR·k` bytes on. A prefetch never faults: running past the weights is harmless.
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_block_ahead<const NR: usize>(codes: *const i8, k: usize, g: usize) {
+    let ahead = codes.wrapping_add(NR * k * DECODE_PREFETCH_BLOCKS + g * NR * GROUP);
+    for line in (0..NR * GROUP).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
+    }
+}
+
 /// Asserts the operand lengths every kernel here relies on.
 fn check_operands<const NR: usize, const MR: usize>(codes: &[i8], scales: &[f32], x: &[f32], k: usize) {
     assert!(k.is_multiple_of(GROUP), "W8A16 rows are whole groups of 32");
@@ -96,6 +114,10 @@ unsafe fn sums_avx2_raw<const NR: usize, const MR: usize>(
     let mut halves = [[[_mm256_setzero_ps(); MR]; NR]; 2];
     for (h, acc) in halves.iter_mut().enumerate() {
         for g in 0..groups {
+            // The second half reads the block's codes again, from L1.
+            if MR == 1 && h == 0 {
+                prefetch_block_ahead::<NR>(codes, k, g);
+            }
             let a = g * GROUP + 8 * h;
             let b = a + 16;
             for (i, acc) in acc.iter_mut().enumerate() {
@@ -164,6 +186,9 @@ unsafe fn sums_avx512_raw<const NR: usize, const MR: usize>(
     for g in 0..groups {
         let a = g * GROUP;
         let b = a + 16;
+        if MR == 1 {
+            prefetch_block_ahead::<NR>(codes, k, g);
+        }
         // The tile's activations, loaded once for every weight row.
         let mut xs = [(_mm512_setzero_ps(), _mm512_setzero_ps()); MR];
         for (r, xr) in xs.iter_mut().enumerate() {
