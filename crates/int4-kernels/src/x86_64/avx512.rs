@@ -31,6 +31,25 @@ use std::arch::x86_64::*;
 /// move. A prefetch never faults, so running past the block's end is harmless.
 const DECODE_PREFETCH_BYTES: usize = 1024;
 
+/// How far ahead a decode prefetches its group parameters, in passes: a pass over `w` lane groups reads
+/// their `w` parameter tables side by side, `w` streams of a few lines each that the hardware prefetcher
+/// does not follow far enough ahead when the weights come from memory.
+const PARAMS_PREFETCH_PASSES: usize = 2;
+
+/// At group `g` of a pass over `w` lane groups whose parameter tables (`groups·32` floats each) start at
+/// `sz0`, prefetches group `g`'s share of the tables the pass [`PARAMS_PREFETCH_PASSES`] ahead reads:
+/// `w·32` floats, a line at a time. [`crate::w4a16`] lays the lane groups' tables out one after another,
+/// so the next pass's start `w·groups·32` floats on; were they elsewhere, only the prefetch would be
+/// wasted. A prefetch never faults: running past the tables is harmless.
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_params_ahead(sz0: *const f32, w: usize, groups: usize, g: usize) {
+    let ahead = sz0.wrapping_add(w * 32 * (groups * PARAMS_PREFETCH_PASSES + g));
+    for line in (0..w * 32).step_by(16) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+    }
+}
+
 /// W4A16 decode for `MR` rows of `C` side-by-side pairs of lane groups (`C` = 1 or 2: two or four lane
 /// groups), or of one lane group alone (`HALF`, with `C` = 1):
 ///
@@ -75,7 +94,9 @@ pub unsafe fn decode_lanes<const MR: usize, const U: usize, const C: usize, cons
         (_mm512_cvtepi32_ps(_mm512_and_si512(v, mask)), _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(v)))
     };
     let mut tot = [[[_mm512_setzero_ps(); 2]; C]; MR];
+    let width = if HALF { 1 } else { 2 * C };
     for g in 0..groups {
+        prefetch_params_ahead(sz[0], width, groups, g);
         let k0 = g * g_len;
         let k1 = (k0 + g_len).min(k);
         let mut acc = [[[[_mm512_setzero_ps(); 2]; C]; MR]; U];
@@ -281,6 +302,7 @@ unsafe fn decode_block_bf16_with<const MR: usize, const U: usize, const VBMI: bo
     };
     let mut tot = [[[_mm512_setzero_ps(); 2]; 2]; MR];
     for g in 0..groups {
+        prefetch_params_ahead(sz[0], 4, groups, g);
         let k0 = g * g_len;
         let k1 = (k0 + g_len).min(k);
         let mut acc = [[[[_mm512_setzero_ps(); 2]; 2]; MR]; U];
