@@ -61,6 +61,9 @@ pub fn exp_portable(x: f32) -> f32 {
     e * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
+/// Rows of an f16 B that [`VectorOps::gemm_f16`] widens at a time where it does not widen in registers.
+pub const GEMM_F16_WIDEN_ROWS: usize = 256;
+
 /// A chosen implementation (picked once, then reused).
 #[derive(Clone, Copy, Debug)]
 pub struct VectorOps {
@@ -386,6 +389,73 @@ impl VectorOps {
         self.gemm_with::<true>(mnk, a, a_row, a_col, b, ldb, c, ldc);
     }
 
+    /// [`VectorOps::gemm`] against B stored as f16: `c[i·ldc + j] = Σ_p a[i·a_row + p·a_col] ·
+    /// f32(b[p·ldb + j])`, bit for bit `gemm` against B widened to f32 (widening is exact and the chains
+    /// are the same). AVX-512 widens B in registers as it loads it; elsewhere B is widened
+    /// [`GEMM_F16_WIDEN_ROWS`] rows at a time into a buffer that stays in cache and added on with
+    /// [`VectorOps::gemm_add`]. Panics as [`VectorOps::gemm`] does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_f16(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        a_row: usize,
+        a_col: usize,
+        b: &[f16],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        if m == 0 || n == 0 {
+            return;
+        }
+        assert!(ldc >= n, "gemm_f16: ldc {ldc} < n {n}");
+        assert!((m - 1) * ldc + n <= c.len(), "gemm_f16: C is too short");
+        if k == 0 {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(0.0);
+            }
+            return;
+        }
+        assert!((m - 1) * a_row + (k - 1) * a_col < a.len(), "gemm_f16: A is too short");
+        assert!((k - 1) * ldb + n <= b.len(), "gemm_f16: B is too short");
+        #[cfg(target_arch = "x86_64")]
+        if self.wide.is_some() {
+            // SAFETY: the token proves AVX-512 F, AVX2 and FMA; the asserts above prove every index the
+            // kernel touches (`i·a_row + p·a_col`, f16 element `p·ldb + j`, `i·ldc + j` for i < m, j < n,
+            // p < k) is in bounds, and `c` is a distinct mutable slice.
+            unsafe {
+                avx512::gemm::<false, true>(
+                    m,
+                    n,
+                    k,
+                    a.as_ptr(),
+                    a_row,
+                    a_col,
+                    b.as_ptr().cast(),
+                    ldb,
+                    c.as_mut_ptr(),
+                    ldc,
+                )
+            };
+            return;
+        }
+        let rows = GEMM_F16_WIDEN_ROWS.min(k);
+        let mut wide = vec![0.0f32; rows * n];
+        for p0 in (0..k).step_by(rows) {
+            let kb = (k - p0).min(rows);
+            for p in 0..kb {
+                self.widen_f16(&b[(p0 + p) * ldb..(p0 + p) * ldb + n], &mut wide[p * n..(p + 1) * n]);
+            }
+            let a = &a[p0 * a_col..];
+            if p0 == 0 {
+                self.gemm((m, n, kb), a, a_row, a_col, &wide[..kb * n], n, c, ldc);
+            } else {
+                self.gemm_add((m, n, kb), a, a_row, a_col, &wide[..kb * n], n, c, ldc);
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn gemm_with<const ADD: bool>(
         &self,
@@ -419,7 +489,18 @@ impl VectorOps {
             // touches (`i·a_row + p·a_col`, `p·ldb + j`, `i·ldc + j` for i < m, j < n, p < k) is in bounds,
             // and `c` is a distinct mutable slice.
             (_, Some(_)) => unsafe {
-                avx512::gemm::<ADD>(m, n, k, a.as_ptr(), a_row, a_col, b.as_ptr(), ldb, c.as_mut_ptr(), ldc)
+                avx512::gemm::<ADD, false>(
+                    m,
+                    n,
+                    k,
+                    a.as_ptr(),
+                    a_row,
+                    a_col,
+                    b.as_ptr().cast(),
+                    ldb,
+                    c.as_mut_ptr(),
+                    ldc,
+                )
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves AVX2 and FMA; the asserts above prove every index the kernel touches
@@ -447,10 +528,10 @@ impl VectorOps {
 }
 
 /// The GEMM's outer loop, shared by its AVX2 and AVX-512 variants: blocks of up to six rows of A, each
-/// handed to `$rows::<R, ADD>` for its row count (an `unsafe fn` with the variant's `rows` contract).
+/// handed to `$rows::<R, G…>` (`G…` the generic arguments in brackets) for its row count (an `unsafe fn` with the variant's `rows` contract).
 #[cfg(target_arch = "x86_64")]
 macro_rules! in_six_row_blocks {
-    ($rows:ident, $add:ident, $m:expr, $n:expr, $k:expr, $a:expr, $a_row:expr, $a_col:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
+    ($rows:ident, [$($g:ident),*], $m:expr, $n:expr, $k:expr, $a:expr, $a_row:expr, $a_col:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
         let (m, n, k, a_row, a_col, b, ldb, ldc) = ($m, $n, $k, $a_row, $a_col, $b, $ldb, $ldc);
         let mut i = 0;
         while i < m {
@@ -458,12 +539,12 @@ macro_rules! in_six_row_blocks {
             // Rows i..i + r are within m; the offsets stay inside the caller's ranges.
             let (a, c) = ($a.add(i * a_row), $c.add(i * ldc));
             match r {
-                6 => $rows::<6, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                5 => $rows::<5, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                4 => $rows::<4, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                3 => $rows::<3, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                2 => $rows::<2, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
-                _ => $rows::<1, $add>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                6 => $rows::<6, $($g),*>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                5 => $rows::<5, $($g),*>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                4 => $rows::<4, $($g),*>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                3 => $rows::<3, $($g),*>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                2 => $rows::<2, $($g),*>(n, k, a, a_row, a_col, b, ldb, c, ldc),
+                _ => $rows::<1, $($g),*>(n, k, a, a_row, a_col, b, ldb, c, ldc),
             }
             i += r;
         }
@@ -778,15 +859,16 @@ mod avx2 {
         ldc: usize,
     ) {
         // SAFETY: the caller's contract is `rows`' for every block of up to six rows.
-        unsafe { in_six_row_blocks!(rows, ADD, m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
+        unsafe { in_six_row_blocks!(rows, [ADD], m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     //! The AVX-512 GEMM: [`super::avx2`]'s with 16 columns per register. Each output is the same FMA chain
-    //! over `p` in order, so the results are bit for bit the AVX2 ones. Callers hold an
-    //! [`Avx512`](crate::isa::Avx512) token.
+    //! over `p` in order, so the results are bit for bit the AVX2 ones. B is f32, or f16 (`F16`) widened
+    //! in registers as it is loaded: `vcvtph2ps` is exact, so the chains, and the bits, are those against
+    //! the widened values. Callers hold an [`Avx512`](crate::isa::Avx512) token.
 
     use std::arch::x86_64::*;
 
@@ -809,20 +891,37 @@ mod avx512 {
         }
     }
 
+    /// B's element `i` counted from `b`: an f16 (raw bits) with `F16`, else an f32.
+    #[inline]
+    fn b_at<const F16: bool>(b: *const u8, i: usize) -> *const u8 {
+        b.wrapping_add(i * if F16 { 2 } else { 4 })
+    }
+
+    /// Sixteen values of B at `b`, as f32: loaded, or with `F16` widened from f16.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `b` readable for sixteen elements of B's type.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_b<const F16: bool>(b: *const u8) -> __m512 {
+        // SAFETY: the caller guarantees sixteen readable elements; both loads are unaligned.
+        unsafe { if F16 { _mm512_cvtph_ps(_mm256_loadu_si256(b.cast())) } else { _mm512_loadu_ps(b.cast()) } }
+    }
+
     /// Rows `0..R` of A against columns `0..16W` of B.
     ///
     /// # Safety
     /// The CPU must support AVX-512F; `a[r·a_row + p·a_col]` readable for `r < R`, `p < k`; `b[p·ldb + j]`
-    /// readable and `c[r·ldc + j]` writable for `j < 16W`.
+    /// (elements of B's type) readable and `c[r·ldc + j]` writable for `j < 16W`.
     #[inline]
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const W: usize, const ADD: bool>(
+    unsafe fn tile<const R: usize, const W: usize, const ADD: bool, const F16: bool>(
         k: usize,
         a: *const f32,
         a_row: usize,
         a_col: usize,
-        b: *const f32,
+        b: *const u8,
         ldb: usize,
         c: *mut f32,
         ldc: usize,
@@ -837,8 +936,11 @@ mod avx512 {
             }
         }
         for p in 0..k {
-            // SAFETY: p < k, so row p of B has 16W readable floats from `b` (caller contract).
-            let bv: [__m512; W] = std::array::from_fn(|w| unsafe { _mm512_loadu_ps(b.add(p * ldb + 16 * w)) });
+            let mut bv = [_mm512_setzero_ps(); W];
+            for (w, v) in bv.iter_mut().enumerate() {
+                // SAFETY: p < k, so row p of B has 16W readable elements from `b` (caller contract).
+                *v = unsafe { load_b::<F16>(b_at::<F16>(b, p * ldb + 16 * w)) };
+            }
             for (r, row) in acc.iter_mut().enumerate() {
                 // SAFETY: r < R and p < k (caller contract).
                 let av = _mm512_set1_ps(unsafe { *a.add(r * a_row + p * a_col) });
@@ -855,21 +957,22 @@ mod avx512 {
         }
     }
 
-    /// Up to six rows of A against every column of B: tiles of 64, 32 and 16 columns, the rest on the
-    /// AVX2 rows (8 columns, then single ones).
+    /// Up to six rows of A against every column of B: tiles of 64, 32 and 16 columns, the rest of f32 B
+    /// on the AVX2 rows (8 columns, then single ones), of f16 B one column at a time (the same chains:
+    /// an FMA per `p` in order).
     ///
     /// # Safety
     /// As [`gemm`], for `R` rows.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows<const R: usize, const ADD: bool>(
+    unsafe fn rows<const R: usize, const ADD: bool, const F16: bool>(
         n: usize,
         k: usize,
         a: *const f32,
         a_row: usize,
         a_col: usize,
-        b: *const f32,
+        b: *const u8,
         ldb: usize,
         c: *mut f32,
         ldc: usize,
@@ -877,22 +980,40 @@ mod avx512 {
         let mut j = 0;
         while j + 64 <= n {
             // SAFETY: columns j..j + 64 are within n (the caller's bounds cover every j < n).
-            unsafe { tile::<R, 4, ADD>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { tile::<R, 4, ADD, F16>(k, a, a_row, a_col, b_at::<F16>(b, j), ldb, c.add(j), ldc) };
             j += 64;
         }
         if j + 32 <= n {
             // SAFETY: columns j..j + 32 are within n.
-            unsafe { tile::<R, 2, ADD>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { tile::<R, 2, ADD, F16>(k, a, a_row, a_col, b_at::<F16>(b, j), ldb, c.add(j), ldc) };
             j += 32;
         }
         if j + 16 <= n {
             // SAFETY: columns j..j + 16 are within n.
-            unsafe { tile::<R, 1, ADD>(k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+            unsafe { tile::<R, 1, ADD, F16>(k, a, a_row, a_col, b_at::<F16>(b, j), ldb, c.add(j), ldc) };
             j += 16;
         }
-        if j < n {
-            // SAFETY: columns j..n are within the caller's bounds; AVX2 and FMA are enabled here.
-            unsafe { super::avx2::rows::<R, ADD>(n - j, k, a, a_row, a_col, b.add(j), ldb, c.add(j), ldc) };
+        if j < n && !F16 {
+            // SAFETY: columns j..n are within the caller's bounds; AVX2 and FMA are enabled here; B is f32.
+            unsafe {
+                super::avx2::rows::<R, ADD>(n - j, k, a, a_row, a_col, b.cast::<f32>().add(j), ldb, c.add(j), ldc)
+            };
+            return;
+        }
+        while j < n {
+            for r in 0..R {
+                // SAFETY: r < R, j < n: C is readable there (caller contract).
+                let mut s = if ADD { unsafe { *c.add(r * ldc + j) } } else { 0.0f32 };
+                for p in 0..k {
+                    // SAFETY: r < R, p < k, j < n: in bounds by the caller's contract; B is f16 here.
+                    let bv = half::f16::from_bits(unsafe { *b.cast::<u16>().add(p * ldb + j) }).to_f32_const();
+                    // SAFETY: as above.
+                    s = unsafe { *a.add(r * a_row + p * a_col) }.mul_add(bv, s);
+                }
+                // SAFETY: r < R, j < n.
+                unsafe { *c.add(r * ldc + j) = s };
+            }
+            j += 1;
         }
     }
 
@@ -901,24 +1022,24 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F, AVX2 and FMA; `m, n, k ≥ 1`; `a` readable at every
-    /// `i·a_row + p·a_col`, `b` at every `p·ldb + j` and `c` writable (and with `ADD` readable) at every
-    /// `i·ldc + j` (i < m, j < n, p < k).
+    /// `i·a_row + p·a_col`, `b` at every element `p·ldb + j` (f16 with `F16`, else f32) and `c` writable
+    /// (and with `ADD` readable) at every `i·ldc + j` (i < m, j < n, p < k).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm<const ADD: bool>(
+    pub unsafe fn gemm<const ADD: bool, const F16: bool>(
         m: usize,
         n: usize,
         k: usize,
         a: *const f32,
         a_row: usize,
         a_col: usize,
-        b: *const f32,
+        b: *const u8,
         ldb: usize,
         c: *mut f32,
         ldc: usize,
     ) {
         // SAFETY: the caller's contract is `rows`' for every block of up to six rows.
-        unsafe { in_six_row_blocks!(rows, ADD, m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
+        unsafe { in_six_row_blocks!(rows, [ADD, F16], m, n, k, a, a_row, a_col, b, ldb, c, ldc) }
     }
 }
 
@@ -963,6 +1084,50 @@ mod tests {
                     for (j, o) in out.iter().enumerate() {
                         let want = op.dot(&q, &keys[j * stride..j * stride + len]);
                         assert_eq!(o.to_bits(), want.to_bits(), "len {len} n {n} key {j}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `gemm_f16` gives every output the bits `gemm` gives against B widened, on every variant this CPU
+    /// runs (AVX-512 widening in registers; AVX2 with F16C and portable widening blocks), for row counts
+    /// around the six-row blocks, column counts with and without whole 64/32/16-column tiles and with
+    /// tails, depths around the widening block, strides wider than the rows and A read transposed.
+    #[test]
+    fn gemm_against_f16_b_is_bit_for_bit_gemm_against_the_widened_b() {
+        let caps = IsaCaps::process();
+        let f16c = VectorOps::with_caps(&caps.with_max_level(crate::isa::IsaLevel::Avx2));
+        let ops = [VectorOps::new(), f16c, VectorOps { tok: None, wide: None, f16c: false }];
+        if ops[0].wide.is_none() {
+            let msg = "gemm_against_f16_b: SKIPPED the AVX-512 variant (no AVX-512 here)";
+            assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "{msg}");
+            eprintln!("{msg}");
+        }
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for m in [1usize, 2, 3, 6, 7] {
+            for n in [1usize, 5, 17, 64, 80] {
+                for k in [0usize, 1, 3, GEMM_F16_WIDEN_ROWS + 1, 600] {
+                    let (ldb, ldc) = (n + 3, n + 1);
+                    let b: Vec<f16> = (0..k * ldb + n).map(|i| f16::from_f32((i as f32 * 0.113).cos() * 1.7)).collect();
+                    let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+                    let a: Vec<f32> = (0..m * k.max(1)).map(|i| (i as f32 * 0.37).sin()).collect();
+                    // A as rows (`a_row` = k) and transposed (`a_col` = m).
+                    for (a_row, a_col) in [(k.max(1), 1), (1, m)] {
+                        for op in &ops {
+                            let mut want = vec![f32::NAN; m * ldc];
+                            op.gemm((m, n, k), &a, a_row, a_col, &wide, ldb, &mut want, ldc);
+                            let mut got = vec![f32::NAN; m * ldc];
+                            op.gemm_f16((m, n, k), &a, a_row, a_col, &b, ldb, &mut got, ldc);
+                            for i in 0..m {
+                                let row = i * ldc..i * ldc + n;
+                                assert_eq!(
+                                    bits(&got[row.clone()]),
+                                    bits(&want[row]),
+                                    "m {m} n {n} k {k} a_row {a_row} {op:?}"
+                                );
+                            }
+                        }
                     }
                 }
             }

@@ -186,10 +186,6 @@ fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
     }
 }
 
-/// Values a decode row widens at a time from a 16-bit cache: 64 KiB of f32 at SmolLM2's head size, so the
-/// block is still in L2 when `P·V` reads it.
-const KV_WIDEN_VALUES: usize = 256;
-
 /// A run of at least this many query rows (one sequence, consecutive positions) takes the block path.
 const ATTN_BLOCK_MIN_ROWS: usize = 4;
 /// Below this many flops a layer's attention runs on the calling thread (on SmolLM2, a decode step in the
@@ -355,11 +351,10 @@ fn attention(
 /// widened to f32 (`[keys][hd]`, from a 16-bit cache only) when `r` reaches [`ATTN_BLOCK_MIN_ROWS`].
 /// Returns `[r][group·hd]`.
 ///
-/// Decode from a 16-bit cache scores the keys as they are stored, widening them in registers
-/// ([`VectorOps::dots_heads_f16`]: the same dot products as against widened keys), and widens
-/// [`KV_WIDEN_VALUES`] values at a time into a buffer that stays in cache, `P·V` continuing the same FMA
-/// chains block after block ([`VectorOps::gemm_add`]); so the result is bit for bit what an f32 cache
-/// holding the same values gives.
+/// Decode from a 16-bit cache reads keys and values as they are stored, widening them in registers:
+/// scores by [`VectorOps::dots_heads_f16`], `P·V` by [`VectorOps::gemm_f16`], each bit for bit its
+/// operation against the widened values; so the result is what an f32 cache holding the same values
+/// gives.
 #[allow(clippy::too_many_arguments)]
 fn attend_block(
     ops: &VectorOps,
@@ -403,10 +398,7 @@ fn attend_block(
         }
     } else {
         let mut s = vec![0.0f32; group * nk];
-        // From a 16-bit cache: a block of values widened (the keys are widened in registers).
-        let block = if vc.is_some() { 0 } else { KV_WIDEN_VALUES.min(nk) };
-        let mut wide = vec![0.0f32; block * hd];
-        let k16 = kp.head_f16(heads, kvh);
+        let (k16, v16) = (kp.head_f16(heads, kvh), vp.head_f16(heads, kvh));
         for t in 0..r {
             let len = p0 + t + 1;
             let q0 = (i0 + t) * qkv_n + kvh * gw;
@@ -422,15 +414,10 @@ fn attend_block(
                 *w = 1.0 / ops.softmax_exp(row, max, scale);
             }
             let o = &mut out[t * gw..(t + 1) * gw];
-            match vc {
-                Some(vc) => ops.gemm((group, hd, len), &s, len, 1, vc, hd, o, hd),
-                None => {
-                    for c0 in (0..len).step_by(block) {
-                        let n = (len - c0).min(block);
-                        vp.widen(ops, heads, kvh, c0, &mut wide[..n * hd]);
-                        ops.gemm_add((group, hd, n), &s[c0..], len, 1, &wide[..n * hd], hd, o, hd);
-                    }
-                }
+            match (vc, v16) {
+                (Some(vc), _) => ops.gemm((group, hd, len), &s, len, 1, vc, hd, o, hd),
+                (None, Some(v16)) => ops.gemm_f16((group, hd, len), &s, len, 1, &v16[..len * hd], hd, o, hd),
+                (None, None) => unreachable!("a plane stores f32 or f16"),
             }
             for (g, &w) in inv.iter().enumerate().take(group) {
                 ops.scale(w, &mut o[g * hd..(g + 1) * hd]);
