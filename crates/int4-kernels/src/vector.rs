@@ -61,6 +61,36 @@ pub fn exp_portable(x: f32) -> f32 {
     e * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
+/// The checks of every GEMM entry (`op` names it in the panic): C, A (`(len, a_row, a_col)`) and B (`(len,
+/// ldb)`) long enough for the shape. Returns whether there is work to do (`m, n, k ≥ 1`); with `k` = 0
+/// it has set C's outputs to the empty sum, zero, unless `add`.
+fn gemm_operands(
+    op: &str,
+    add: bool,
+    (m, n, k): (usize, usize, usize),
+    (a_len, a_row, a_col): (usize, usize, usize),
+    (b_len, ldb): (usize, usize),
+    c: &mut [f32],
+    ldc: usize,
+) -> bool {
+    if m == 0 || n == 0 {
+        return false;
+    }
+    assert!(ldc >= n, "{op}: ldc {ldc} < n {n}");
+    assert!((m - 1) * ldc + n <= c.len(), "{op}: C is too short");
+    if k == 0 {
+        if !add {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(0.0);
+            }
+        }
+        return false;
+    }
+    assert!((m - 1) * a_row + (k - 1) * a_col < a_len, "{op}: A is too short");
+    assert!((k - 1) * ldb + n <= b_len, "{op}: B is too short");
+    true
+}
+
 /// Rows of an f16 B that [`VectorOps::gemm_f16`] widens at a time where it does not widen in registers.
 pub const GEMM_F16_WIDEN_ROWS: usize = 256;
 
@@ -406,19 +436,9 @@ impl VectorOps {
         c: &mut [f32],
         ldc: usize,
     ) {
-        if m == 0 || n == 0 {
+        if !gemm_operands("gemm_f16", false, (m, n, k), (a.len(), a_row, a_col), (b.len(), ldb), c, ldc) {
             return;
         }
-        assert!(ldc >= n, "gemm_f16: ldc {ldc} < n {n}");
-        assert!((m - 1) * ldc + n <= c.len(), "gemm_f16: C is too short");
-        if k == 0 {
-            for i in 0..m {
-                c[i * ldc..i * ldc + n].fill(0.0);
-            }
-            return;
-        }
-        assert!((m - 1) * a_row + (k - 1) * a_col < a.len(), "gemm_f16: A is too short");
-        assert!((k - 1) * ldb + n <= b.len(), "gemm_f16: B is too short");
         #[cfg(target_arch = "x86_64")]
         if self.wide.is_some() {
             // SAFETY: the token proves AVX-512 F, AVX2 and FMA; the asserts above prove every index the
@@ -468,21 +488,9 @@ impl VectorOps {
         c: &mut [f32],
         ldc: usize,
     ) {
-        if m == 0 || n == 0 {
+        if !gemm_operands("gemm", ADD, (m, n, k), (a.len(), a_row, a_col), (b.len(), ldb), c, ldc) {
             return;
         }
-        assert!(ldc >= n, "gemm: ldc {ldc} < n {n}");
-        assert!((m - 1) * ldc + n <= c.len(), "gemm: C is too short");
-        if k == 0 {
-            if !ADD {
-                for i in 0..m {
-                    c[i * ldc..i * ldc + n].fill(0.0);
-                }
-            }
-            return;
-        }
-        assert!((m - 1) * a_row + (k - 1) * a_col < a.len(), "gemm: A is too short");
-        assert!((k - 1) * ldb + n <= b.len(), "gemm: B is too short");
         match (self.tok, self.wide) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves AVX-512 F, AVX2 and FMA; the asserts above prove every index the kernel
@@ -528,7 +536,8 @@ impl VectorOps {
 }
 
 /// The GEMM's outer loop, shared by its AVX2 and AVX-512 variants: blocks of up to six rows of A, each
-/// handed to `$rows::<R, G…>` (`G…` the generic arguments in brackets) for its row count (an `unsafe fn` with the variant's `rows` contract).
+/// handed to `$rows::<R, G…>` (`G…` the generic arguments in brackets) for its row count (an `unsafe fn`
+/// with the variant's `rows` contract).
 #[cfg(target_arch = "x86_64")]
 macro_rules! in_six_row_blocks {
     ($rows:ident, [$($g:ident),*], $m:expr, $n:expr, $k:expr, $a:expr, $a_row:expr, $a_col:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
@@ -1005,7 +1014,8 @@ mod avx512 {
                 // SAFETY: r < R, j < n: C is readable there (caller contract).
                 let mut s = if ADD { unsafe { *c.add(r * ldc + j) } } else { 0.0f32 };
                 for p in 0..k {
-                    // SAFETY: r < R, p < k, j < n: in bounds by the caller's contract; B is f16 here.
+                    // SAFETY: r < R, p < k, j < n: in bounds by the caller's contract; B is f16 here, and `b`
+                    // (never offset by `b_at` on this path) is the caller's f16 pointer, so 2-aligned.
                     let bv = half::f16::from_bits(unsafe { *b.cast::<u16>().add(p * ldb + j) }).to_f32_const();
                     // SAFETY: as above.
                     s = unsafe { *a.add(r * a_row + p * a_col) }.mul_add(bv, s);
@@ -1105,9 +1115,11 @@ mod tests {
             eprintln!("{msg}");
         }
         let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        for m in [1usize, 2, 3, 6, 7] {
-            for n in [1usize, 5, 17, 64, 80] {
-                for k in [0usize, 1, 3, GEMM_F16_WIDEN_ROWS + 1, 600] {
+        // n: a scalar tail alone, 8-column tails, the 16-, 32- and 64-column tiles, and 121 = 64 + 32 + 16 +
+        // 8 + 1 for all of them at once.
+        for m in [1usize, 2, 4, 6, 7] {
+            for n in [1usize, 5, 24, 48, 64, 121] {
+                for k in [0usize, 1, 3, GEMM_F16_WIDEN_ROWS - 1, GEMM_F16_WIDEN_ROWS, GEMM_F16_WIDEN_ROWS + 1, 600] {
                     let (ldb, ldc) = (n + 3, n + 1);
                     let b: Vec<f16> = (0..k * ldb + n).map(|i| f16::from_f32((i as f32 * 0.113).cos() * 1.7)).collect();
                     let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();

@@ -351,8 +351,9 @@ fn attention(
 /// widened to f32 (`[keys][hd]`, from a 16-bit cache only) when `r` reaches [`ATTN_BLOCK_MIN_ROWS`].
 /// Returns `[r][group·hd]`.
 ///
-/// Decode from a 16-bit cache reads keys and values as they are stored, widening them in registers:
-/// scores by [`VectorOps::dots_heads_f16`], `P·V` by [`VectorOps::gemm_f16`], each bit for bit its
+/// Decode from a 16-bit cache reads keys and values as they are stored: scores by
+/// [`VectorOps::dots_heads_f16`], `P·V` by [`VectorOps::gemm_f16`] (with SIMD both widen in registers;
+/// `gemm_f16` without AVX-512 widens 256 positions at a time into a buffer), each bit for bit its
 /// operation against the widened values; so the result is what an f32 cache holding the same values
 /// gives.
 #[allow(clippy::too_many_arguments)]

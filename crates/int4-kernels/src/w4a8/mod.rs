@@ -568,7 +568,7 @@ fn run_blocks(
             out[r * w.n + nb * 16..r * w.n + nb * 16 + 16].copy_from_slice(&tile[r * 16..(r + 1) * 16]);
         }
     }
-    if gathered.capacity() <= GATHER_KEEP_FLOATS {
+    if m > 1 && gathered.capacity() <= GATHER_KEEP_FLOATS {
         GATHER.set(gathered);
     }
     Ok(())

@@ -37,10 +37,11 @@ const DECODE_PREFETCH_BYTES: usize = 1024;
 const PARAMS_PREFETCH_PASSES: usize = 2;
 
 /// At group `g` of a pass over `w` lane groups whose parameter tables (`groups·32` floats each) start at
-/// `sz0`, prefetches group `g`'s share of the tables the pass [`PARAMS_PREFETCH_PASSES`] ahead reads:
-/// `w·32` floats, a line at a time. [`crate::w4a16`] lays the lane groups' tables out one after another,
-/// so the next pass's start `w·groups·32` floats on; were they elsewhere, only the prefetch would be
-/// wasted. A prefetch never faults: running past the tables is harmless.
+/// `sz0`, prefetches the `g`-th `w·32` floats of the tables the pass [`PARAMS_PREFETCH_PASSES`] ahead
+/// reads, a line at a time: in address order, so that over its `groups` groups a pass requests the whole
+/// of that pass's tables. [`crate::w4a16`] lays the lane groups' tables out one after another, so the next
+/// pass's start `w·groups·32` floats on; were they elsewhere, only the prefetch would be wasted. A
+/// prefetch never faults: running past the tables is harmless.
 #[inline]
 #[target_feature(enable = "sse")]
 fn prefetch_params_ahead(sz0: *const f32, w: usize, groups: usize, g: usize) {

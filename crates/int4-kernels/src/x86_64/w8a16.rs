@@ -26,10 +26,11 @@ pub(crate) const GROUP: usize = 32;
 /// does not follow far enough ahead: from memory the head's decode waited on its loads.
 const DECODE_PREFETCH_BLOCKS: usize = 2;
 
-/// At group `g` of a one-activation-row pass over `NR` weight rows at `codes`, prefetches that group's
-/// share of the codes [`DECODE_PREFETCH_BLOCKS`] blocks ahead (`NR·32` bytes, one line at a time), so
-/// each block's codes are requested while the block two before it runs. Weight rows are contiguous, so
-/// the block ahead starts `NR·k` bytes on. A prefetch never faults: running past the weights is harmless.
+/// At group `g` of a one-activation-row pass over `NR` weight rows at `codes`, prefetches the `g`-th
+/// `NR·32` bytes of the block [`DECODE_PREFETCH_BLOCKS`] blocks ahead, a line at a time: in address order,
+/// so that over its `k/32` groups a pass requests the whole of that block (`NR·k` bytes), while the block
+/// two before it runs. Weight rows are contiguous, so the block ahead starts `NR·k` bytes on. A prefetch
+/// never faults: running past the weights is harmless.
 #[inline]
 #[target_feature(enable = "sse")]
 fn prefetch_block_ahead<const NR: usize>(codes: *const i8, k: usize, g: usize) {
