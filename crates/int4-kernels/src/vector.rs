@@ -441,7 +441,7 @@ impl VectorOps {
         }
         #[cfg(target_arch = "x86_64")]
         if self.wide.is_some() {
-            // SAFETY: the token proves AVX-512 F, AVX2 and FMA; the asserts above prove every index the
+            // SAFETY: the token proves AVX-512 F, AVX2 and FMA; `gemm_operands`' asserts prove every index the
             // kernel touches (`i·a_row + p·a_col`, f16 element `p·ldb + j`, `i·ldc + j` for i < m, j < n,
             // p < k) is in bounds, and `c` is a distinct mutable slice.
             unsafe {
@@ -493,7 +493,7 @@ impl VectorOps {
         }
         match (self.tok, self.wide) {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX-512 F, AVX2 and FMA; the asserts above prove every index the kernel
+            // SAFETY: the token proves AVX-512 F, AVX2 and FMA; `gemm_operands`' asserts prove every index the kernel
             // touches (`i·a_row + p·a_col`, `p·ldb + j`, `i·ldc + j` for i < m, j < n, p < k) is in bounds,
             // and `c` is a distinct mutable slice.
             (_, Some(_)) => unsafe {
@@ -511,7 +511,7 @@ impl VectorOps {
                 )
             },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX2 and FMA; the asserts above prove every index the kernel touches
+            // SAFETY: the token proves AVX2 and FMA; `gemm_operands`' asserts prove every index the kernel touches
             // (`i·a_row + p·a_col`, `p·ldb + j`, `i·ldc + j` for i < m, j < n, p < k) is in bounds, and `c` is
             // a distinct mutable slice.
             (Some(_), None) => unsafe {
