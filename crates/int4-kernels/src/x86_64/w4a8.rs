@@ -33,6 +33,24 @@ fn params_cover(b: &Block) -> bool {
         && b.spans.len() <= b.groups
 }
 
+/// How far ahead of its loads a pass that reads a block from memory prefetches the block's codes, in
+/// bytes. A block is a few KiB of codes (16 channels × K), and a decode step reads the blocks of each
+/// layer one after another; with so little arithmetic per byte, the one- or two-row loop waited on its
+/// loads, reading well below a plain streaming read. Blocks are contiguous, so near a block's end this
+/// requests the start of the next; past the weights' end a prefetch is harmless (it never faults).
+const PREFETCH_AHEAD_BYTES: usize = 2048;
+
+/// Passes over at most this many activation rows prefetch: then a block has one pass, which reads it from
+/// memory. With more rows each block's arithmetic hides its loads, and later passes find it in cache.
+const PREFETCH_MAX_ROWS: usize = 4;
+
+/// Prefetches the 64-byte line [`PREFETCH_AHEAD_BYTES`] past chunk `j` of the codes at `w`.
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_codes_ahead(w: *const u8, j: usize) {
+    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(j * 64 + PREFETCH_AHEAD_BYTES).cast());
+}
+
 /// Reads the 4 activation bytes at `p` as one i32 (for a broadcast).
 ///
 /// # Safety
@@ -125,6 +143,7 @@ macro_rules! rows_avx2_fn {
             let mask = _mm256_set1_epi8(0x0F);
             let ones = _mm256_set1_epi16(1);
             let w = b.w.as_ptr();
+            let prefetch = b.m <= PREFETCH_MAX_ROWS;
             for (g, span) in b.spans.iter().enumerate() {
                 let mut acc = [[_mm256_setzero_si256(); 2]; R];
                 // Four chunks (32 input channels) are summed in i16 before one vpmaddwd widens them: each chunk adds
@@ -134,6 +153,9 @@ macro_rules! rows_avx2_fn {
                 while j < span.end / 8 {
                     let mut part = [[_mm256_setzero_si256(); 2]; R];
                     for j in j..j + 4 {
+                        if prefetch {
+                            prefetch_codes_ahead(w, j);
+                        }
                         // SAFETY: chunk j lies within w (j < kp/8).
                         let (v0, v1) = unsafe {
                             (_mm256_loadu_si256(w.add(j * 64).cast()), _mm256_loadu_si256(w.add(j * 64 + 32).cast()))
@@ -249,12 +271,16 @@ pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
 unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r0: usize, out: &mut [f32]) {
     let mask = _mm512_set1_epi8(0x0F);
     let w = b.w.as_ptr();
+    let prefetch = b.m <= PREFETCH_MAX_ROWS;
     for (g, span) in b.spans.iter().enumerate() {
         let mut chains = [[[_mm512_setzero_si512(); S]; R]; U];
         let mut j = span.start / 8;
         while j < span.end / 8 {
             for (u, chain) in chains.iter_mut().enumerate() {
                 let j = j + u;
+                if prefetch {
+                    prefetch_codes_ahead(w, j);
+                }
                 // SAFETY: chunk j lies within w (j < kp/8: spans hold whole multiples of U chunks).
                 let v = unsafe { _mm512_loadu_si512(w.add(j * 64).cast()) };
                 let (lo, hi) = (_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask));
