@@ -7,8 +7,11 @@
 //! of the one KV head an attention task reads are contiguous, so decode scores a head's keys as stored,
 //! widening them in registers, and widens a block of its values at a time into an f32 buffer that stays in
 //! cache; every widening is exact and the f32 kernels' chains are the same. A 16-bit cache therefore gives
-//! bit for bit what an f32 cache holding the same rounded values gives; the only new error is the rounding of each stored value (relative 2⁻¹¹ in f16's normal
-//! range, absolute 2⁻²⁵ below it; beyond ±65504 a value becomes infinite, as in llama.cpp's f16 cache).
+//! bit for bit what an f32 cache holding the same rounded values gives; the only new error is the rounding
+//! of each stored value (relative 2⁻¹¹ in f16's normal range, absolute 2⁻²⁵ below it). A value beyond
+//! f16's range (±65504) is stored as ±65504: rounded, it would become infinite, and one infinite key turns
+//! its head's attention, and then every logit, into NaN (llama.cpp's f16 cache does that); saturated, the
+//! one outlier is off by its excess and the output stays a distribution.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -16,6 +19,10 @@ use int4_kernels::vector::VectorOps;
 use int4_select::KvType;
 
 use crate::error::{Error, Result};
+
+/// The largest finite f16 (65504): an f16 plane stores a value of larger magnitude as this, signed. A NaN
+/// fails the range test and stays NaN (`f32::clamp` keeps it).
+const F16_LIMIT: f32 = 65504.0;
 
 /// Where a plane keeps a value: KV head `h`, position `p` and dimension `d` at `(h·capacity + p)·dim + d`.
 /// Head-major, so the positions of one head, which one attention task reads, are contiguous: its keys are
@@ -51,7 +58,16 @@ impl Plane {
             let at = (h * g.capacity + p) * g.dim;
             match self {
                 Plane::F32(x) => x[at..at + g.dim].copy_from_slice(values),
-                Plane::F16(x) => x[at..at + g.dim].convert_from_f32_slice(values),
+                Plane::F16(x) => {
+                    let dst = &mut x[at..at + g.dim];
+                    if values.iter().all(|v| v.abs() <= F16_LIMIT) {
+                        dst.convert_from_f32_slice(values);
+                    } else {
+                        for (d, &v) in dst.iter_mut().zip(values) {
+                            *d = f16::from_f32(v.clamp(-F16_LIMIT, F16_LIMIT));
+                        }
+                    }
+                }
             }
         }
     }
@@ -260,6 +276,25 @@ mod tests {
         let mut out = vec![f32::NAN; positions * c.heads().dim];
         c.v[1].widen(&VectorOps::new(), c.heads(), h, 0, &mut out);
         out
+    }
+
+    /// An f16 plane stores a value beyond f16's range as ±65504, never as an infinity (which would make
+    /// attention NaN); in-range values of the same row round as before, and an f32 plane keeps them all.
+    #[test]
+    fn an_f16_plane_saturates_values_beyond_its_range() {
+        let row = [1.0e6f32, -7.0e4, 65504.0, -65519.0, 0.1, 1.5, f32::INFINITY, -3.0];
+        let g = Heads { count: 2, dim: 4, capacity: 3 };
+        let mut half = Plane::zeros(KvType::F16, 2 * 3 * 4);
+        half.write_position(g, 1, &row);
+        let mut stored = vec![f32::NAN; 4];
+        half.widen(&VectorOps::new(), g, 0, 1, &mut stored);
+        assert_eq!(stored, [65504.0, -65504.0, 65504.0, -65504.0]);
+        half.widen(&VectorOps::new(), g, 1, 1, &mut stored);
+        assert_eq!(stored, [f16::from_f32(0.1).to_f32(), 1.5, 65504.0, -3.0]);
+        let mut wide = Plane::zeros(KvType::F32, 2 * 3 * 4);
+        wide.write_position(g, 1, &row);
+        wide.widen(&VectorOps::new(), g, 0, 1, &mut stored);
+        assert_eq!(stored, row[..4]);
     }
 
     /// A prefix copied into a cache of another capacity, and a cache shrunk to its length, keep every
