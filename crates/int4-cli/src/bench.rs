@@ -244,15 +244,16 @@ impl Printer {
         match self.format {
             Format::Md => {
                 if first {
-                    outln!("| model | size | params | path | threads | test | t/s |")?;
-                    outln!("| --- | ---: | ---: | --- | ---: | ---: | ---: |")?;
+                    outln!("| model | size | params | path | type_k | threads | test | t/s |")?;
+                    outln!("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |")?;
                 }
                 outln!(
-                    "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2} |",
+                    "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |",
                     s("model_type"),
                     n("model_size") as f64 / (1u64 << 20) as f64,
                     n("model_n_params") as f64 / 1e6,
                     s("path"),
+                    s("type_k"),
                     n("n_threads"),
                     s("test"),
                     f("avg_ts"),
