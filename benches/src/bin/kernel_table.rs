@@ -458,11 +458,8 @@ fn rotating<T>(items: &[T], mut f: impl FnMut(&T)) -> impl FnMut() {
 fn from_memory(quick: bool, rounds: usize, budget: Duration, block: TinygemmBlock) -> Vec<serde_json::Value> {
     let llc = last_level_cache();
     let target = (4 * llc).max(128 << 20);
-    let shapes: Vec<(&str, usize, usize)> = if quick {
-        vec![UPSTREAM_SHAPES[0]]
-    } else {
-        UPSTREAM_SHAPES.iter().chain(&SMOLLM2_SHAPES).copied().collect()
-    };
+    let shapes: Vec<(&str, usize, usize)> =
+        if quick { vec![UPSTREAM_SHAPES[0]] } else { UPSTREAM_SHAPES.iter().chain(&SMOLLM2_SHAPES).copied().collect() };
     println!(
         "\n### Decode from memory: each call on the next of enough copies to fill {} MiB (4 × the {} MiB last-level \
          cache, at least 128), g128\n",
@@ -505,23 +502,27 @@ fn from_memory(quick: bool, rounds: usize, budget: Duration, block: TinygemmBloc
         // Timed from a pool thread, as a model's step calls its layers: from outside, each call would also
         // hand its work to the pool and sleep until it is done, tens of µs that a small layer never sees in
         // a model.
-        rayon::scope(|_| for _ in 0..rounds {
-            samples[0]
-                .push(time_per_call(budget, rotating(&w4a16s, |l| sink ^= ceiling::stream_read(l.weights().packed()))));
-            samples[1].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x1, 1, &mut o1).unwrap())));
-            samples[2].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x4, 4, &mut o4).unwrap())));
-            samples[3].push(time_per_call(
-                budget,
-                rotating(&w4a8s, |l| {
-                    l.forward(&x1, 1, &mut o1).unwrap();
-                }),
-            ));
-            samples[4].push(time_per_call(
-                budget,
-                rotating(&w4a8s, |l| {
-                    l.forward(&x4, 4, &mut o4).unwrap();
-                }),
-            ));
+        rayon::scope(|_| {
+            for _ in 0..rounds {
+                samples[0].push(time_per_call(
+                    budget,
+                    rotating(&w4a16s, |l| sink ^= ceiling::stream_read(l.weights().packed())),
+                ));
+                samples[1].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x1, 1, &mut o1).unwrap())));
+                samples[2].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x4, 4, &mut o4).unwrap())));
+                samples[3].push(time_per_call(
+                    budget,
+                    rotating(&w4a8s, |l| {
+                        l.forward(&x1, 1, &mut o1).unwrap();
+                    }),
+                ));
+                samples[4].push(time_per_call(
+                    budget,
+                    rotating(&w4a8s, |l| {
+                        l.forward(&x4, 4, &mut o4).unwrap();
+                    }),
+                ));
+            }
         });
         std::hint::black_box(sink);
         let med: Vec<f64> = samples.into_iter().map(median).collect();
