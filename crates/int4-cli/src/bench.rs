@@ -1,8 +1,10 @@
 //! `int4 bench`: a model's speed with llama-bench's interface and rows, so the two tools' tables line up.
 //!
 //! Flags as llama-bench spells them — `-m` (repeatable or comma-separated), `-p`, `-n`, `-pg pp,tg`, `-r`,
-//! `-t`, `-o md|csv|json|jsonl` — plus `--path`, `--group`, `--head-bits` and `--kv`, which say how int4
-//! runs the model (the KV cache's type goes in llama-bench's `type_k` and `type_v` fields). Every combination of model, path and thread count is one configuration; each of its tests
+//! `-t`, `-o md|csv|json|jsonl` — plus `--path`, `--group`, `--head-bits`, `--kv` and `--act-scales`, which
+//! say how int4 runs the model (the KV cache's type goes in llama-bench's `type_k` and `type_v` fields, the
+//! W4A8 activation scales in `act_scales`). Every combination of model, path and thread count is one
+//! configuration; each of its tests
 //! (`ppN`, `tgN`, `ppN+tgM`) runs once untimed, then `-r` times, through [`int4::speed`] (the runs the
 //! benchmark binaries time too). A row reports tokens per second as the mean and standard deviation over
 //! the repetitions, and every sample.
@@ -13,7 +15,7 @@ use clap::ValueEnum;
 use int4::{Engine, ModelConfig, RunPath};
 use serde_json::{Value, json};
 
-use crate::load::{QuantArgs, load_options, path_parser, priority};
+use crate::load::{ActScalesArg, QuantArgs, load_options, path_parser, priority};
 use crate::out::{errln, outln};
 
 /// Flags of `int4 bench`.
@@ -55,6 +57,9 @@ pub(crate) struct BenchEngineArgs {
     /// Pack the weights in memory and neither read nor write the artifact cache.
     #[arg(long)]
     no_cache: bool,
+    /// W4A8: one int8 activation scale per weight group (finer), or one per token.
+    #[arg(long, value_enum, default_value_t = ActScalesArg::PerGroup)]
+    act_scales: ActScalesArg,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -131,6 +136,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         for &path in &a.paths {
             let mut opts = load_options(path, priority("speed")?, context, a.engine.no_cache)?;
             a.engine.quant.apply(&mut opts)?;
+            opts.activation_scales = a.engine.act_scales.scales();
             let engine = Engine::load(&dir, &opts).map_err(|e| format!("{model}: {e}"))?;
             for w in &engine.warnings {
                 errln!("[int4] warning: {w}");
@@ -193,6 +199,11 @@ fn row(model: &str, engine: &Engine, threads: usize, test: Test, samples: &[f64]
         "path": engine.plan.path.to_string(),
         "type_k": engine.model.kv_type().name(),
         "type_v": engine.model.kv_type().name(),
+        // int4's own field: W4A8's activation-scale granularity (null on the other paths).
+        "act_scales": match engine.model.numerics() {
+            int4::Numerics::W4a8 { activations, .. } => Some(activations.name()),
+            _ => None,
+        },
         "n_threads": threads,
         "n_prompt": test.n_prompt,
         "n_gen": test.n_gen,

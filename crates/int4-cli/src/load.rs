@@ -3,6 +3,7 @@
 //! so that each command's module (`bench`, and the ones in `main`) reads it without importing the others.
 
 use clap::builder::TypedValueParser;
+use int4::kernels::w4a8::ActivationScales;
 use int4::layout::GroupSize;
 use int4::select::policy::Priority;
 use int4::{HeadBits, KvType, LoadOptions, PackProgress, RunPath};
@@ -11,6 +12,23 @@ use int4::{HeadBits, KvType, LoadOptions, PackProgress, RunPath};
 pub(crate) fn path_parser() -> impl clap::builder::TypedValueParser<Value = RunPath> {
     clap::builder::PossibleValuesParser::new(RunPath::ALL.map(RunPath::name))
         .map(|name| name.parse::<RunPath>().expect("every listed name parses"))
+}
+
+/// `--act-scales`: W4A8's int8 activation scales, one per weight group or one per token.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub(crate) enum ActScalesArg {
+    PerGroup,
+    PerToken,
+}
+
+impl ActScalesArg {
+    /// The granularity this flag names.
+    pub(crate) fn scales(self) -> ActivationScales {
+        match self {
+            ActScalesArg::PerGroup => ActivationScales::PerGroup,
+            ActScalesArg::PerToken => ActivationScales::PerToken,
+        }
+    }
 }
 
 /// How an unquantized checkpoint is quantized at load (a quantized one keeps its own grid): the options

@@ -12,7 +12,6 @@ use std::process::ExitCode;
 
 use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
-use int4::kernels::w4a8::ActivationScales;
 use int4::layout::GroupSize;
 use int4::layout::grid::ScaleSearch;
 use int4::select::policy::{CheckpointKind, Overrides, Priority, plan};
@@ -28,7 +27,7 @@ mod lines;
 mod load;
 mod out;
 
-use load::{QuantArgs, load_options, path_parser, priority};
+use load::{ActScalesArg, QuantArgs, load_options, path_parser, priority};
 
 use out::{OutError, err, errln, out, outln};
 
@@ -415,21 +414,6 @@ impl EngineArgs {
     fn apply(&self, opts: &mut LoadOptions) -> Result<(), String> {
         opts.activation_scales = self.act_scales.scales();
         self.quant.apply(opts)
-    }
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum ActScalesArg {
-    PerGroup,
-    PerToken,
-}
-
-impl ActScalesArg {
-    fn scales(self) -> ActivationScales {
-        match self {
-            ActScalesArg::PerGroup => ActivationScales::PerGroup,
-            ActScalesArg::PerToken => ActivationScales::PerToken,
-        }
     }
 }
 

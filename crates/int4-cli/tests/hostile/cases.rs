@@ -1429,6 +1429,13 @@ fn flags_and_streams(root: &Path, tiny: &Path, cases: &mut Vec<Case>) {
         ("bench-every-format", b(&["-o", "jsonl", "-pg", "8,2", "-t", "1"]), Expect::Ok),
         ("bench-json", b(&["-o", "json", "--path", "w4a16,w4a8"]), Expect::Ok),
         ("bench-csv", b(&["-o", "csv"]), Expect::Ok),
+        ("bench-md-type-k", b(&["-o", "md"]), Expect::Exit(0, "| type_k |")),
+        (
+            "bench-act-scales-per-token",
+            b(&["-o", "jsonl", "--path", "w4a8", "--act-scales", "per-token"]),
+            Expect::Exit(0, "\"act_scales\":\"per-token\""),
+        ),
+        ("bench-act-scales-bad", b(&["--act-scales", "per-row"]), Expect::Usage("per-row")),
         ("bench-r0", Invocation::new(&["bench", "-m", &t, "-r", "0"]), Expect::Error("-r 0")),
         ("bench-t0", b(&["-t", "0"]), Expect::Error("-t 0")),
         ("bench-t-huge", b(&["-t", "100000"]), Expect::Error("-t 100000")),
