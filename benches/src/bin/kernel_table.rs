@@ -9,7 +9,7 @@
 //! buffer), W4A16 decode at M = 1 and M = 4, the dense bf16 GEMV and its own streaming read, W4A16 prefill
 //! at M = 512 from the packed layout and from split halves, the dense bf16 GEMM, the FMA peak, and W4A8
 //! (int8 activations, quantization included) at M = 1 and M = 512. Each figure is the median over rounds
-//! of the per-call time.
+//! of the per-call time, timed from a pool thread as a model's step makes its calls.
 
 use std::time::{Duration, Instant};
 
@@ -101,7 +101,14 @@ struct Args {
 }
 
 fn main() {
-    let Args { quick, json_path, memory_only } = <Args as clap::Parser>::parse();
+    let args = <Args as clap::Parser>::parse();
+    // Every table is timed from a pool thread, as a model's step calls its layers: from outside, each
+    // parallel call would also hand its work to the pool and sleep until it is done, tens of µs that a
+    // small layer never sees in a model.
+    rayon::scope(|_| tables(args));
+}
+
+fn tables(Args { quick, json_path, memory_only }: Args) {
     let rounds = if quick { 3 } else { 7 };
     let budget = Duration::from_millis(if quick { 15 } else { 60 });
     let m_prefill = 512;
@@ -499,31 +506,24 @@ fn from_memory(quick: bool, rounds: usize, budget: Duration, block: TinygemmBloc
         let (mut o1, mut o4) = (vec![0.0; n], vec![0.0; 4 * n]);
         let mut sink = 0u64;
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 5];
-        // Timed from a pool thread, as a model's step calls its layers: from outside, each call would also
-        // hand its work to the pool and sleep until it is done, tens of µs that a small layer never sees in
-        // a model.
-        rayon::scope(|_| {
-            for _ in 0..rounds {
-                samples[0].push(time_per_call(
-                    budget,
-                    rotating(&w4a16s, |l| sink ^= ceiling::stream_read(l.weights().packed())),
-                ));
-                samples[1].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x1, 1, &mut o1).unwrap())));
-                samples[2].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x4, 4, &mut o4).unwrap())));
-                samples[3].push(time_per_call(
-                    budget,
-                    rotating(&w4a8s, |l| {
-                        l.forward(&x1, 1, &mut o1).unwrap();
-                    }),
-                ));
-                samples[4].push(time_per_call(
-                    budget,
-                    rotating(&w4a8s, |l| {
-                        l.forward(&x4, 4, &mut o4).unwrap();
-                    }),
-                ));
-            }
-        });
+        for _ in 0..rounds {
+            samples[0]
+                .push(time_per_call(budget, rotating(&w4a16s, |l| sink ^= ceiling::stream_read(l.weights().packed()))));
+            samples[1].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x1, 1, &mut o1).unwrap())));
+            samples[2].push(time_per_call(budget, rotating(&w4a16s, |l| l.decode(&x4, 4, &mut o4).unwrap())));
+            samples[3].push(time_per_call(
+                budget,
+                rotating(&w4a8s, |l| {
+                    l.forward(&x1, 1, &mut o1).unwrap();
+                }),
+            ));
+            samples[4].push(time_per_call(
+                budget,
+                rotating(&w4a8s, |l| {
+                    l.forward(&x4, 4, &mut o4).unwrap();
+                }),
+            ));
+        }
         std::hint::black_box(sink);
         let med: Vec<f64> = samples.into_iter().map(median).collect();
         let read_gbs = w4a16.weights().packed().len() as f64 / med[0] / 1e9;

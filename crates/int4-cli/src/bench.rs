@@ -255,8 +255,8 @@ impl Printer {
         match self.format {
             Format::Md => {
                 if first {
-                    outln!("| model | size | params | path | type_k | threads | test | t/s |")?;
-                    outln!("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |")?;
+                    outln!("| model | size | params | path | threads | type_k | test | t/s |")?;
+                    outln!("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |")?;
                 }
                 outln!(
                     "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |",
@@ -264,8 +264,8 @@ impl Printer {
                     n("model_size") as f64 / (1u64 << 20) as f64,
                     n("model_n_params") as f64 / 1e6,
                     s("path"),
-                    s("type_k"),
                     n("n_threads"),
+                    s("type_k"),
                     s("test"),
                     f("avg_ts"),
                     f("stddev_ts")

@@ -198,7 +198,8 @@ pub enum KvType {
     /// f32: exactly the values the layers computed.
     F32,
     /// IEEE half precision, rounded to nearest (llama.cpp's default cache type): half the bytes, each
-    /// value kept to 11 significant bits (relative error at most 2⁻¹¹; beyond ±65504 it is infinite).
+    /// value kept to 11 significant bits (relative error at most 2⁻¹¹); a value beyond ±65504, infinities
+    /// included, is stored as ±65504.
     F16,
 }
 

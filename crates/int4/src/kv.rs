@@ -7,11 +7,13 @@
 //! of the one KV head an attention task reads are contiguous, so decode scores a head's keys as stored,
 //! widening them in registers, and widens a block of its values at a time into an f32 buffer that stays in
 //! cache; every widening is exact and the f32 kernels' chains are the same. A 16-bit cache therefore gives
-//! bit for bit what an f32 cache holding the same rounded values gives; the only new error is the rounding
-//! of each stored value (relative 2⁻¹¹ in f16's normal range, absolute 2⁻²⁵ below it). A value beyond
-//! f16's range (±65504) is stored as ±65504: rounded, it would become infinite, and one infinite key turns
-//! its head's attention, and then every logit, into NaN (llama.cpp's f16 cache does that); saturated, the
-//! one outlier is off by its excess and the output stays a distribution.
+//! bit for bit what an f32 cache holding the same rounded values gives. The new errors are the rounding
+//! of each stored value (relative 2⁻¹¹ in f16's normal range, absolute 2⁻²⁵ below it) and, for a value
+//! beyond f16's range, saturation: it is stored as ±65504. Converted as it is, a value from 65520 up
+//! would become infinite, and one infinite key makes its head's attention, and then every logit, NaN (as
+//! in llama.cpp's f16 cache); saturated, the outlier is off by its excess and the output stays a
+//! distribution. An infinite input is saturated too, so an f16 cache gives finite output where an f32
+//! cache would pass the overflow on as NaN.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -278,23 +280,36 @@ mod tests {
         out
     }
 
-    /// An f16 plane stores a value beyond f16's range as ±65504, never as an infinity (which would make
-    /// attention NaN); in-range values of the same row round as before, and an f32 plane keeps them all.
+    /// An f16 plane stores a value beyond f16's range, an infinity included, as ±65504, never as an
+    /// infinity (which would make attention NaN), and a NaN as NaN; the in-range values of a row holding
+    /// one round as in a row without (the conversion of the whole row), and an f32 plane keeps them all.
     #[test]
     fn an_f16_plane_saturates_values_beyond_its_range() {
-        let row = [1.0e6f32, -7.0e4, 65504.0, -65519.0, 0.1, 1.5, f32::INFINITY, -3.0];
-        let g = Heads { count: 2, dim: 4, capacity: 3 };
-        let mut half = Plane::zeros(KvType::F16, 2 * 3 * 4);
+        let g = Heads { count: 3, dim: 4, capacity: 3 };
+        let in_range = [0.1f32, 1.5, -3.0, 1.0e-6];
+        let row: Vec<f32> = [1.0e6f32, -7.0e4, 65520.0, -65504.0]
+            .into_iter()
+            .chain([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.1])
+            .chain(in_range)
+            .collect();
+        let mut half = Plane::zeros(KvType::F16, 3 * 3 * 4);
         half.write_position(g, 1, &row);
-        let mut stored = vec![f32::NAN; 4];
-        half.widen(&VectorOps::new(), g, 0, 1, &mut stored);
-        assert_eq!(stored, [65504.0, -65504.0, 65504.0, -65504.0]);
-        half.widen(&VectorOps::new(), g, 1, 1, &mut stored);
-        assert_eq!(stored, [f16::from_f32(0.1).to_f32(), 1.5, 65504.0, -3.0]);
-        let mut wide = Plane::zeros(KvType::F32, 2 * 3 * 4);
+        let read = |plane: &Plane, h: usize| {
+            let mut stored = vec![0.0f32; 4];
+            plane.widen(&VectorOps::new(), g, h, 1, &mut stored);
+            stored
+        };
+        assert_eq!(read(&half, 0), [65504.0, -65504.0, 65504.0, -65504.0]);
+        let head1 = read(&half, 1);
+        assert_eq!(head1[..2], [65504.0, -65504.0]);
+        assert!(head1[2].is_nan());
+        assert_eq!(head1[3], f16::from_f32(0.1).to_f32());
+        let rounded: Vec<f32> = in_range.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        assert_eq!(read(&half, 2), rounded, "a row without outliers converts whole");
+        let mut wide = Plane::zeros(KvType::F32, 3 * 3 * 4);
         wide.write_position(g, 1, &row);
-        wide.widen(&VectorOps::new(), g, 0, 1, &mut stored);
-        assert_eq!(stored, row[..4]);
+        assert_eq!(read(&wide, 0), row[..4]);
+        assert_eq!(read(&wide, 2), in_range);
     }
 
     /// A prefix copied into a cache of another capacity, and a cache shrunk to its length, keep every

@@ -33,15 +33,18 @@ fn params_cover(b: &Block) -> bool {
         && b.spans.len() <= b.groups
 }
 
-/// How far ahead of its loads a pass that reads a block from memory prefetches the block's codes, in
-/// bytes. A block is a few KiB of codes (16 channels × K), and a decode step reads the blocks of each
-/// layer one after another; with so little arithmetic per byte, the one- or two-row loop waited on its
-/// loads, reading well below a plain streaming read. Blocks are contiguous, so near a block's end this
-/// requests the start of the next; past the weights' end a prefetch is harmless (it never faults).
+/// How far ahead of its loads a kernel prefetches a block's codes, in bytes. A block is `8·K` bytes of
+/// codes (16 channels × K inputs; 4.5 KiB at K = 576), and a decode step reads a layer's blocks one
+/// after another with little arithmetic per byte, so its loads, not its arithmetic, set the pace; the
+/// hardware prefetcher alone does not run far enough ahead of them (docs/perf.md). Blocks are contiguous,
+/// so near a block's end this requests the start of the next; past the weights' end a prefetch is
+/// harmless (it never faults).
 const PREFETCH_AHEAD_BYTES: usize = 2048;
 
-/// Passes over at most this many activation rows prefetch: then a block has one pass, which reads it from
-/// memory. With more rows each block's arithmetic hides its loads, and later passes find it in cache.
+/// Blocks of at most this many activation rows prefetch (decode, one row per sequence). Both kernels take
+/// such a block in one pass, which reads it from memory with the least arithmetic per byte. A block of
+/// more rows (a prompt) is not prefetched: the arithmetic of each pass is several times larger, and
+/// passes after the first find the block in cache.
 const PREFETCH_MAX_ROWS: usize = 4;
 
 /// Prefetches the 64-byte line [`PREFETCH_AHEAD_BYTES`] past chunk `j` of the codes at `w`.
