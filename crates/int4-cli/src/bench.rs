@@ -4,10 +4,9 @@
 //! `-t`, `-o md|csv|json|jsonl` — plus `--path`, `--group`, `--head-bits`, `--kv` and `--act-scales`, which
 //! say how int4 runs the model (the KV cache's type goes in llama-bench's `type_k` and `type_v` fields, the
 //! W4A8 activation scales in `act_scales`). Every combination of model, path and thread count is one
-//! configuration; each of its tests
-//! (`ppN`, `tgN`, `ppN+tgM`) runs once untimed, then `-r` times, through [`int4::speed`] (the runs the
-//! benchmark binaries time too). A row reports tokens per second as the mean and standard deviation over
-//! the repetitions, and every sample.
+//! configuration; each of its tests (`ppN`, `tgN`, `ppN+tgM`) runs once untimed, then `-r` times, through
+//! [`int4::speed`] (the runs the benchmark binaries time too). A row reports tokens per second as the mean
+//! and standard deviation over the repetitions, and every sample.
 
 use std::time::SystemTime;
 
