@@ -15,10 +15,8 @@ pub(crate) struct Block<'a> {
     pub x: &'a [i8],
     pub kp: usize,
     pub m: usize,
-    /// `[m][groups]`.
-    pub a_scales: &'a [f32],
-    /// `[m][groups]`.
-    pub sums: &'a [i32],
+    /// `[m][groups]`: what the epilogue needs of each row and group.
+    pub terms: &'a [RowGroupTerms],
     pub groups: usize,
     /// Per group: padded K range.
     pub spans: &'a [Range<usize>],
@@ -30,19 +28,51 @@ pub(crate) struct Block<'a> {
     pub offsets: Option<Params<'a>>,
 }
 
+/// One activation row's scalars for one weight group, as the epilogue uses them, computed once per call.
+/// The SIMD epilogues broadcast each straight from memory (a load, no vector arithmetic); derived from the
+/// integer sum in every block, row and group instead, `8·Σx` and `Σx as f32` would cost a broadcast from
+/// a general register and an integer-to-float conversion on the vector pipes the multiply-adds need.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub(crate) struct RowGroupTerms {
+    /// The activations' scale.
+    pub a_scale: f32,
+    /// `Σ xq` over the group, converted to f32 (the offsets' multiplier).
+    pub sum_f32: f32,
+    /// `Σ xq` over the group.
+    pub sum: i32,
+    /// `8·Σ xq`, wrapping: the implicit zero point's term.
+    pub sum_times_8: i32,
+}
+
+impl RowGroupTerms {
+    /// The terms of `[m][groups]` activation scales and group sums.
+    pub fn table(a_scales: &[f32], sums: &[i32]) -> Vec<RowGroupTerms> {
+        a_scales
+            .iter()
+            .zip(sums)
+            .map(|(&a_scale, &sum)| RowGroupTerms {
+                a_scale,
+                sum_f32: sum as f32,
+                sum,
+                sum_times_8: sum.wrapping_mul(8),
+            })
+            .collect()
+    }
+}
+
 impl Block<'_> {
     /// The epilogue of one row and group, shared by every variant: `out = fma(acc − z·Σx, a_s·w_s, out)`,
     /// then, with offsets, `out = fma(Σx, a_s·f, out)`.
     #[inline]
     pub fn finish(&self, r: usize, g: usize, acc: &[i32; 16], out: &mut [f32]) {
-        let sum = self.sums[r * self.groups + g];
-        let a_s = self.a_scales[r * self.groups + g];
+        let RowGroupTerms { a_scale: a_s, sum_f32, sum, .. } = self.terms[r * self.groups + g];
         for c in 0..16 {
             let z = self.zeros.map_or(8, |z| i32::from(z[g * 16 + c]));
             let v = acc[c].wrapping_sub(z.wrapping_mul(sum));
             out[c] = (v as f32).mul_add(a_s * self.w_scales.get(g * 16 + c), out[c]);
             if let Some(f) = self.offsets {
-                out[c] = (sum as f32).mul_add(a_s * f.get(g * 16 + c), out[c]);
+                out[c] = sum_f32.mul_add(a_s * f.get(g * 16 + c), out[c]);
             }
         }
     }

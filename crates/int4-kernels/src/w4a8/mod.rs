@@ -59,7 +59,7 @@ use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::tile::{TileConfig, TileError, TileUnit};
-use block::Block;
+use block::{Block, RowGroupTerms};
 use params::Params;
 pub use params::{ParamTable, ParamType, TableBytes};
 use round::quantize_one;
@@ -518,6 +518,7 @@ fn run_blocks(
         return Ok(());
     }
     let spans: Vec<Range<usize>> = (0..w.groups).map(|g| w.group_span(g)).collect();
+    let terms = RowGroupTerms::table(&a.scales, &a.sums);
     // One row's tiles, `[N/16][1][16]`, are `out` itself; more rows' are gathered into it after, from a
     // buffer this thread keeps between calls: a fresh one of this size (3 MiB for 16 rows of a 49,152-row
     // head) comes from the OS each time, zeroed page by page on first touch.
@@ -552,8 +553,7 @@ fn run_blocks(
                 x: &a.data,
                 kp: w.k_padded,
                 m,
-                a_scales: &a.scales,
-                sums: &a.sums,
+                terms: &terms,
                 groups: w.groups,
                 spans: &spans,
                 w_scales,

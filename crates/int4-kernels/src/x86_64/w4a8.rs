@@ -22,14 +22,14 @@ use crate::w4a8::block::Block;
 use crate::w4a8::params::Params;
 use crate::w4a8::round::{ROUND_MAGIC, quantize_one};
 
-/// Whether the block's scale, zero and offset tables hold 16 values per span (group).
+/// Whether the block's scale, zero and offset tables hold 16 values per span (group), and its row terms one
+/// per row and group.
 fn params_cover(b: &Block) -> bool {
     let need = b.spans.len() * 16;
     b.w_scales.len() >= need
         && b.zeros.is_none_or(|z| z.len() >= need)
         && b.offsets.is_none_or(|f| f.len() >= need)
-        && b.a_scales.len() >= b.m * b.groups
-        && b.sums.len() >= b.m * b.groups
+        && b.terms.len() >= b.m * b.groups
         && b.spans.len() <= b.groups
 }
 
@@ -191,13 +191,13 @@ macro_rules! rows_avx2_fn {
                 let (at0, at1) = (g * 16, g * 16 + 8);
                 let z = match b.zeros {
                     // SAFETY: the block's [G][16] zero points hold 8 at g·16 and 8 at g·16 + 8.
-                    Some(z) => unsafe {
+                    Some(z) => Some(unsafe {
                         [
                             _mm256_cvtepu8_epi32(_mm_loadl_epi64(z.as_ptr().add(at0).cast())),
                             _mm256_cvtepu8_epi32(_mm_loadl_epi64(z.as_ptr().add(at1).cast())),
                         ]
-                    },
-                    None => [_mm256_set1_epi32(8); 2],
+                    }),
+                    None => None,
                 };
                 // SAFETY: the block's [G][16] scales hold 8 at g·16 and 8 at g·16 + 8; this function runs with
                 // the features `$params` needs.
@@ -209,18 +209,22 @@ macro_rules! rows_avx2_fn {
                 };
                 for (r, acc) in acc.iter().enumerate() {
                     let row = r0 + r;
-                    let sum_i = b.sums[row * b.groups + g];
-                    let sum = _mm256_set1_epi32(sum_i);
-                    let a_scale = _mm256_set1_ps(b.a_scales[row * b.groups + g]);
+                    let t = &b.terms[row * b.groups + g];
+                    let a_scale = _mm256_set1_ps(t.a_scale);
                     for (h, &acc) in acc.iter().enumerate() {
-                        let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_mullo_epi32(z[h], sum)));
+                        // z·Σx per lane; with the implicit zero 8 the same wrapping product, taken once per call.
+                        let zsum = match z {
+                            Some(z) => _mm256_mullo_epi32(z[h], _mm256_set1_epi32(t.sum)),
+                            None => _mm256_set1_epi32(t.sum_times_8),
+                        };
+                        let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, zsum));
                         // SAFETY: row < m, so out[row·16 + 8h .. +8] is within out.
                         let o = unsafe { out.as_mut_ptr().add(row * 16 + 8 * h) };
                         // SAFETY: as above.
                         let prev = unsafe { _mm256_loadu_ps(o) };
                         let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws[h]), prev);
                         if let Some(f) = f {
-                            acc_f = _mm256_fmadd_ps(_mm256_set1_ps(sum_i as f32), _mm256_mul_ps(a_scale, f[h]), acc_f);
+                            acc_f = _mm256_fmadd_ps(_mm256_set1_ps(t.sum_f32), _mm256_mul_ps(a_scale, f[h]), acc_f);
                         }
                         // SAFETY: as above.
                         unsafe { _mm256_storeu_ps(o, acc_f) };
@@ -315,21 +319,21 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r
         let f = b.offsets.map(|f| unsafe { params16(f, g * 16) });
         for (r, &acc) in acc.iter().enumerate() {
             let row = r0 + r;
-            let sum_i = b.sums[row * b.groups + g];
-            // z·Σx per lane; with the implicit zero 8 the same wrapping product, taken once in a scalar.
+            let t = &b.terms[row * b.groups + g];
+            // z·Σx per lane; with the implicit zero 8 the same wrapping product, taken once per call.
             let zsum = match z {
-                Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(sum_i)),
-                None => _mm512_set1_epi32(sum_i.wrapping_mul(8)),
+                Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(t.sum)),
+                None => _mm512_set1_epi32(t.sum_times_8),
             };
             let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zsum));
-            let a_scale = _mm512_set1_ps(b.a_scales[row * b.groups + g]);
+            let a_scale = _mm512_set1_ps(t.a_scale);
             let s = _mm512_mul_ps(a_scale, ws);
             // SAFETY: row < m, so out[row·16 .. +16] is within out.
             let o = unsafe { out.as_mut_ptr().add(row * 16) };
             // SAFETY: as above.
             let mut acc_f = _mm512_fmadd_ps(v, s, unsafe { _mm512_loadu_ps(o) });
             if let Some(f) = f {
-                acc_f = _mm512_fmadd_ps(_mm512_set1_ps(sum_i as f32), _mm512_mul_ps(a_scale, f), acc_f);
+                acc_f = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, f), acc_f);
             }
             // SAFETY: as above.
             unsafe { _mm512_storeu_ps(o, acc_f) };
@@ -415,6 +419,7 @@ unsafe fn quantize_avx512_impl(src: &[f32], s: f32, dst: &mut [i8]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::w4a8::block::RowGroupTerms;
     use crate::w4a8::params::ParamTable;
 
     /// AVX-512 quantizes activations to the bits of the portable rule: NaN, infinities, signed zeros,
@@ -488,13 +493,13 @@ mod tests {
             let x: Vec<i8> = (0..m * kp).map(|i| (i * 29 % 255) as i8).collect();
             let a_scales: Vec<f32> = (0..m * groups).map(|i| 0.01 * (i + 1) as f32).collect();
             let sums: Vec<i32> = (0..m * groups).map(|i| 100 - 17 * i as i32).collect();
+            let terms = RowGroupTerms::table(&a_scales, &sums);
             let block = Block {
                 w: &w,
                 x: &x,
                 kp,
                 m,
-                a_scales: &a_scales,
-                sums: &sums,
+                terms: &terms,
                 groups,
                 spans: &spans,
                 w_scales: scales.view(),
