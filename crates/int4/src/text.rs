@@ -46,6 +46,10 @@ pub struct TextCodec {
     tokenizer: tokenizers::Tokenizer,
     chat_template: Option<String>,
     special_tokens: Vec<(String, String)>,
+    /// The tokenizer's token count, added tokens included, counted once: the tokenizer counts them by
+    /// building a map of its whole vocabulary (49,152 strings for the default model), milliseconds that a
+    /// server would otherwise spend on every request, once of them on the thread that steps the model.
+    vocab_limit: usize,
 }
 
 impl std::fmt::Debug for TextCodec {
@@ -143,7 +147,8 @@ impl TextCodec {
             .iter()
             .filter_map(|name| Some((name.to_string(), token_string(cfg.as_ref()?.get(*name))?)))
             .collect();
-        Ok(TextCodec { tokenizer, chat_template, special_tokens })
+        let vocab_limit = tokenizer.get_vocab_size(true);
+        Ok(TextCodec { tokenizer, chat_template, special_tokens, vocab_limit })
     }
 
     /// Token ids of `text` (no special tokens added).
@@ -172,7 +177,7 @@ impl TextCodec {
                 format!(
                     "id {id} has no token in tokenizer.json ({} tokens): the model's vocabulary is larger than its \
                      tokenizer's",
-                    self.tokenizer.get_vocab_size(true)
+                    self.vocab_limit
                 ),
             )),
             None => Ok(()),
@@ -235,7 +240,7 @@ impl TextCodec {
 
     /// One past the largest id the tokenizer has a token for.
     pub fn vocab_limit(&self) -> usize {
-        self.tokenizer.get_vocab_size(true)
+        self.vocab_limit
     }
 
     /// The text of token `id` alone (special tokens kept), for reporting it beside its log-probability.
