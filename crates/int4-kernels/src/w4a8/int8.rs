@@ -20,7 +20,7 @@ use crate::choice::{self, BoundKernels};
 use crate::error::{KernelError, check_len};
 use crate::isa::{IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
-use crate::w4a8::{ActivationScales, W4A8Kernel, W4A8Weights, gemm, is_w4a8, quantize_activations};
+use crate::w4a8::{ActivationScales, W4A8Kernel, W4A8Weights, gemm, gemm_add, is_w4a8, quantize_activations};
 
 /// 8-bit symmetric weights as two 4-bit planes (module docs).
 #[derive(Clone, Debug)]
@@ -229,11 +229,7 @@ impl Int8Linear {
     fn run(&self, kernel: W4A8Kernel, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
         let a = quantize_activations(x, m, &self.weights.lo, self.activation_scales)?;
         gemm(kernel, &a, &self.weights.hi, self.bias.as_deref(), out)?;
-        let mut low = vec![0.0f32; out.len()];
-        gemm(kernel, &a, &self.weights.lo, None, &mut low)?;
-        for (o, l) in out.iter_mut().zip(&low) {
-            *o += l;
-        }
+        gemm_add(kernel, &a, &self.weights.lo, out)?;
         Ok(kernel.id_for(m))
     }
 }

@@ -503,13 +503,22 @@ fn check_operands(
 /// One block's kernel: fills `tile` (`[m][16]`) for a [`Block`].
 type BlockKernel<'a> = dyn Fn(&Block, &mut [f32]) -> Result<(), TileError> + Sync + 'a;
 
+/// What [`run_blocks`] does with the product: store it in `out`, or add it to what `out` holds (the
+/// second plane of an [`int8::Int8Linear`], added as a separate f32 addition after its own epilogue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Combine {
+    Store,
+    Add,
+}
+
 /// Runs `per_block(block, tile)` over every 16-channel block in parallel (threads split N, never K) and
-/// writes `out[m][n]`. `tile` is `[m][16]` and holds the bias (or zeros) on entry.
+/// stores `out[m][n]` or adds to it (`combine`). `tile` is `[m][16]` and holds the bias (or zeros) on entry.
 fn run_blocks(
     a: &QuantizedActivations,
     w: &W4A8Weights,
     bias: Option<&[f32]>,
     out: &mut [f32],
+    combine: Combine,
     per_block: &BlockKernel<'_>,
 ) -> Result<(), KernelError> {
     check_operands(a, w, bias, out)?;
@@ -519,17 +528,15 @@ fn run_blocks(
     }
     let spans: Vec<Range<usize>> = (0..w.groups).map(|g| w.group_span(g)).collect();
     let terms = RowGroupTerms::table(&a.scales, &a.sums);
-    // One row's tiles, `[N/16][1][16]`, are `out` itself; more rows' are gathered into it after, from a
-    // buffer this thread keeps between calls: a fresh one of this size (3 MiB for 16 rows of a 49,152-row
-    // head) comes from the OS each time, zeroed page by page on first touch.
-    let mut gathered = if m == 1 { Vec::new() } else { GATHER.take() };
-    let tiles = if m == 1 {
-        if bias.is_none() {
-            out.fill(0.0);
-        }
+    // One row's stored tiles, `[N/16][1][16]`, are `out` itself; otherwise the tiles are gathered into
+    // `out` after, from a buffer this thread keeps between calls: a fresh one of this size (3 MiB for 16
+    // rows of a 49,152-row head) would come from the OS each time, zeroed page by page on first touch.
+    // Every task sets its own tiles first, so the buffer's old contents never matter.
+    let direct = m == 1 && combine == Combine::Store;
+    let mut gathered = if direct { Vec::new() } else { GATHER.take() };
+    let tiles = if direct {
         &mut *out
     } else {
-        gathered.clear();
         gathered.resize(w.n / 16 * m * 16, 0.0);
         &mut gathered
     };
@@ -540,12 +547,15 @@ fn run_blocks(
         .with_min_len(min_blocks)
         .enumerate()
         .try_for_each(|(nb, tile)| {
-            // The tile starts at the bias (or at the zeros it was allocated or filled with).
-            if let Some(b) = bias {
-                let b16 = &b[nb * 16..nb * 16 + 16];
-                for row in tile.chunks_exact_mut(16) {
-                    row.copy_from_slice(b16);
+            // The tile starts at the bias, or at zeros.
+            match bias {
+                Some(b) => {
+                    let b16 = &b[nb * 16..nb * 16 + 16];
+                    for row in tile.chunks_exact_mut(16) {
+                        row.copy_from_slice(b16);
+                    }
                 }
+                None => tile.fill(0.0),
             }
             let (w_scales, zeros, offsets) = w.block_params(nb);
             let block = Block {
@@ -563,15 +573,46 @@ fn run_blocks(
             per_block(&block, tile)
         })
         .map_err(KernelError::from)?;
-    for (nb, tile) in gathered.chunks_exact(m * 16).enumerate() {
-        for r in 0..m {
-            out[r * w.n + nb * 16..r * w.n + nb * 16 + 16].copy_from_slice(&tile[r * 16..(r + 1) * 16]);
+    if !direct {
+        gather(&gathered, m, w.n, out, combine);
+        if gathered.capacity() <= GATHER_KEEP_FLOATS {
+            GATHER.set(gathered);
         }
     }
-    if m > 1 && gathered.capacity() <= GATHER_KEEP_FLOATS {
-        GATHER.set(gathered);
-    }
     Ok(())
+}
+
+/// From this many output values, [`gather`] splits its work over the pool (a 16-row head's 786,432);
+/// a layer's few thousand take a microsecond or two on one thread, less than a hand-off.
+const PARALLEL_GATHER_FLOATS: usize = 1 << 16;
+
+/// Writes tiles `[N/16][m][16]` into `out[m][n]`, storing or adding (`combine`): in parallel over rows, or
+/// over blocks of a single row, once the output is large.
+fn gather(tiles: &[f32], m: usize, n: usize, out: &mut [f32], combine: Combine) {
+    let put = |dst: &mut [f32], src: &[f32]| match combine {
+        Combine::Store => dst.copy_from_slice(src),
+        Combine::Add => dst.iter_mut().zip(src).for_each(|(d, s)| *d += s),
+    };
+    if m == 1 {
+        // One row: the tiles are that row's values in order.
+        let whole = |(d, s): (&mut [f32], &[f32])| put(d, s);
+        if n >= PARALLEL_GATHER_FLOATS {
+            out.par_chunks_mut(4096).zip(tiles.par_chunks(4096)).for_each(whole);
+        } else {
+            whole((out, &tiles[..n]));
+        }
+        return;
+    }
+    let row = |(r, dst): (usize, &mut [f32])| {
+        for (nb, d) in dst.chunks_exact_mut(16).enumerate() {
+            put(d, &tiles[(nb * m + r) * 16..(nb * m + r + 1) * 16]);
+        }
+    };
+    if m * n >= PARALLEL_GATHER_FLOATS {
+        out.par_chunks_mut(n).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(n).enumerate().for_each(row);
+    }
 }
 
 /// The most floats of a gather buffer [`run_blocks`] keeps for its thread's next call (16 MiB).
@@ -590,27 +631,48 @@ pub fn gemm(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
+    gemm_combine(kernel, a, w, bias, out, Combine::Store)
+}
+
+/// `out[M][N] += dequant(a)·Wᵀ` on `kernel`: the product's own f32 values, each added to `out` once.
+pub(crate) fn gemm_add(
+    kernel: W4A8Kernel,
+    a: &QuantizedActivations,
+    w: &W4A8Weights,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    gemm_combine(kernel, a, w, None, out, Combine::Add)
+}
+
+fn gemm_combine(
+    kernel: W4A8Kernel,
+    a: &QuantizedActivations,
+    w: &W4A8Weights,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    combine: Combine,
+) -> Result<(), KernelError> {
     match kernel {
-        W4A8Kernel::Portable => run_blocks(a, w, bias, out, &|b, t| {
+        W4A8Kernel::Portable => run_blocks(a, w, bias, out, combine, &|b, t| {
             block_portable(b, t);
             Ok(())
         }),
         #[cfg(target_arch = "x86_64")]
-        W4A8Kernel::Avx2(tok) => run_blocks(a, w, bias, out, &|b, t| {
+        W4A8Kernel::Avx2(tok) => run_blocks(a, w, bias, out, combine, &|b, t| {
             crate::x86_64::w4a8::block_avx2(tok, b, t);
             Ok(())
         }),
         #[cfg(target_arch = "x86_64")]
-        W4A8Kernel::Vnni(tok) => run_blocks(a, w, bias, out, &|b, t| {
+        W4A8Kernel::Vnni(tok) => run_blocks(a, w, bias, out, combine, &|b, t| {
             crate::x86_64::w4a8::block_vnni(tok, b, t);
             Ok(())
         }),
         #[cfg(target_arch = "x86_64")]
         W4A8Kernel::Amx(tok) if a.m >= AMX_MIN_ROWS => {
-            gemm_tiles(&|| crate::x86_64::amx::AmxTiles::new(tok), a, w, bias, out)
+            tiles_combine(&|| crate::x86_64::amx::AmxTiles::new(tok), a, w, bias, out, combine)
         }
         #[cfg(target_arch = "x86_64")]
-        W4A8Kernel::Amx(tok) => gemm(W4A8Kernel::Vnni(tok.vnni()), a, w, bias, out),
+        W4A8Kernel::Amx(tok) => gemm_combine(W4A8Kernel::Vnni(tok.vnni()), a, w, bias, out, combine),
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("x86 tokens cannot be constructed on other architectures"),
     }
@@ -630,8 +692,20 @@ pub fn gemm_tiles<T: TileUnit>(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
+    tiles_combine(new_unit, a, w, bias, out, Combine::Store)
+}
+
+/// [`gemm_tiles`], storing or adding its product.
+fn tiles_combine<T: TileUnit>(
+    new_unit: &(dyn Fn() -> T + Sync),
+    a: &QuantizedActivations,
+    w: &W4A8Weights,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    combine: Combine,
+) -> Result<(), KernelError> {
     let kb = w.kb;
-    run_blocks(a, w, bias, out, &|b, tile| {
+    run_blocks(a, w, bias, out, combine, &|b, tile| {
         let mut unit = new_unit();
         let result = block_tiles(&mut unit, b, kb, tile);
         // Released on every path, success or error: the next kernel loads its own configuration.
