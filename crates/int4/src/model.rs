@@ -9,6 +9,7 @@ use int4_kernels::KernelId;
 use int4_kernels::vector::VectorOps;
 use int4_select::KvType;
 use rayon::prelude::*;
+use std::ops::Range;
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
@@ -186,6 +187,11 @@ fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
     }
 }
 
+/// From this many rows a step rotates its query and key heads, and writes its sequences' caches, in
+/// parallel: sixteen decode rows' worth is a few percent of a step (docs/perf.md); a handful of rows' is
+/// less than a hand-off to the other thread.
+const PARALLEL_ROTATE_ROWS: usize = 8;
+
 /// A run of at least this many query rows (one sequence, consecutive positions) takes the block path.
 const ATTN_BLOCK_MIN_ROWS: usize = 4;
 /// Below this many flops a layer's attention runs on the calling thread (on SmolLM2, a decode step in the
@@ -324,7 +330,8 @@ fn attention(
         }
         (kt, vw)
     };
-    let prepared: Vec<(Vec<f32>, Vec<f32>)> = if parallel {
+    // Decode runs have nothing to prepare: no parallel loop for them.
+    let prepared: Vec<(Vec<f32>, Vec<f32>)> = if parallel && runs.iter().any(|&(_, keys)| keys > 0) {
         (0..runs.len() * nkv).into_par_iter().map(prepare).collect()
     } else {
         (0..runs.len() * nkv).map(prepare).collect()
@@ -1148,7 +1155,15 @@ impl Model {
         // cos/sin of every row's position, once for all heads and layers.
         let rope = rope_table(&self.inv_freq, &pos);
         let half = self.inv_freq.len();
-        let mut tmp = Vec::with_capacity(hd);
+        // Each cache's rows: every sequence's rows are consecutive (`Model::step` and `forward` give them so).
+        let mut seq_rows: Vec<Range<usize>> = vec![0..0; caches.len()];
+        for (i, &s) in seq.iter().enumerate() {
+            let r = &mut seq_rows[s];
+            *r = if r.start == r.end { i..i + 1 } else { r.start..i + 1 };
+        }
+        if seq_rows.iter().map(|r| r.len()).sum::<usize>() != m {
+            return Err(Error::input("step", "a sequence's rows are not consecutive"));
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             if let Some(obs) = observer.as_deref_mut() {
                 match obs.layer_start(li, &mut x) {
@@ -1162,10 +1177,11 @@ impl Model {
             }
             observe(&mut observer, li, LinearSlot::Qkv, &normed, m);
             run_linear(&layer.qkv, &normed, groups, &mut qkv)?;
-            for i in 0..m {
-                let row = &mut qkv[i * qkv_n..(i + 1) * qkv_n];
-                let (cache, p) = (&mut *caches[seq[i]], pos[i]);
+            // Each row's query and key heads normalised (where the model does) and rotated: rows are
+            // independent, so several rows' run in parallel.
+            let rotate = |(i, row): (usize, &mut [f32])| {
                 let cs = &rope[i * half..(i + 1) * half];
+                let mut tmp = Vec::new();
                 for head in 0..nh + nkv {
                     let v = &mut row[head * hd..(head + 1) * hd];
                     let norm = if head < nh { &layer.q_norm } else { &layer.k_norm };
@@ -1176,10 +1192,27 @@ impl Model {
                     }
                     apply_rope(v, cs);
                 }
-                let kw = nkv * hd;
-                let heads = cache.heads();
-                cache.k[li].write_position(heads, p, &row[nh * hd..nh * hd + kw]);
-                cache.v[li].write_position(heads, p, &row[nh * hd + kw..nh * hd + 2 * kw]);
+            };
+            if m >= PARALLEL_ROTATE_ROWS {
+                qkv.par_chunks_mut(qkv_n).enumerate().for_each(rotate);
+            } else {
+                qkv.chunks_mut(qkv_n).enumerate().for_each(rotate);
+            }
+            // Then each row's keys and values into its sequence's cache: each sequence's rows in order,
+            // sequences in parallel (each has a cache of its own).
+            let store = |(cache, rows): (&mut KvCache, &Range<usize>)| {
+                let (kw, heads) = (nkv * hd, cache.heads());
+                for i in rows.clone() {
+                    let row = &qkv[i * qkv_n..(i + 1) * qkv_n];
+                    cache.k[li].write_position(heads, pos[i], &row[nh * hd..nh * hd + kw]);
+                    cache.v[li].write_position(heads, pos[i], &row[nh * hd + kw..nh * hd + 2 * kw]);
+                }
+            };
+            let writes = caches.iter_mut().map(|c| &mut **c).zip(&seq_rows);
+            if seq_rows.len() > 1 && m >= PARALLEL_ROTATE_ROWS {
+                writes.collect::<Vec<_>>().into_par_iter().for_each(store);
+            } else {
+                writes.for_each(store);
             }
             let caches_now: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
             attention(&ops, shape, &qkv, seq, &pos, &caches_now, li, &mut attn);
