@@ -657,7 +657,7 @@ fn int8_activations_cost_little_against_the_same_four_bit_weights() {
 
 /// Every kernel runs `weights` (signed codes `q` `[N][K]`, scales `d` `[G][N]`) as the two planes'
 /// reference outputs added, bit for bit, and within the f32 budget of the exact `Σ xq·q·a_s·d` (per-group
-/// activation scales), with a bias, at M = 1, 3 and 17.
+/// activation scales), with a bias, at each row count of `ms`.
 #[allow(clippy::too_many_arguments)]
 fn check_eight_bit_layer(
     weights: &int4_kernels::w4a8::int8::Int8Weights,
