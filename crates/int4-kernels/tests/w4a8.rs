@@ -740,8 +740,8 @@ fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
     use int4_kernels::w4a8::int8::Int8Weights;
     let kernels = runnable_kernels("eight_bit_weights_run_on_the_four_bit_kernels_exactly");
     let mut rng = Rng::new(31);
-    // The last shape is a head-wide layer: outputs of one row and of several are gathered and added
-    // across threads.
+    // The last shape is a head-wide layer, 2¹⁶ + 16 outputs a row: past the output size from which the
+    // W4A8 driver gathers and adds across threads, for one row and for several.
     for (n, k, group, ms) in [
         (16, 64, GroupSize::G32, &[1, 3, 17][..]),
         (48, 200, GroupSize::G32, &[1, 3, 17]),

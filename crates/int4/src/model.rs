@@ -187,10 +187,10 @@ fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
     }
 }
 
-/// From this many rows a step rotates its query and key heads, and writes its sequences' caches, in
-/// parallel: sixteen decode rows' worth is a few percent of a step (docs/perf.md); a handful of rows' is
-/// less than a hand-off to the other thread.
-const PARALLEL_ROTATE_ROWS: usize = 8;
+/// From this many rows a step prepares its query and key heads (normalised where the model does, rotated)
+/// and writes its sequences' caches in parallel: sixteen decode rows' worth is a few percent of a step
+/// (docs/perf.md); a handful of rows' is less than a hand-off to the other thread.
+const PARALLEL_QK_ROWS: usize = 8;
 
 /// A run of at least this many query rows (one sequence, consecutive positions) takes the block path.
 const ATTN_BLOCK_MIN_ROWS: usize = 4;
@@ -1097,7 +1097,8 @@ impl Model {
     }
 
     /// Runs rows `tokens`, row `i` belonging to the sequence in `caches[seq[i]]` at that cache's next
-    /// position (rows of one sequence in order), and returns the logits of the rows in `out_rows`.
+    /// position (each sequence's rows consecutive and in order; an error otherwise), and returns the logits
+    /// of the rows in `out_rows`.
     fn forward_rows(
         &self,
         tokens: &[u32],
@@ -1155,7 +1156,7 @@ impl Model {
         // cos/sin of every row's position, once for all heads and layers.
         let rope = rope_table(&self.inv_freq, &pos);
         let half = self.inv_freq.len();
-        // Each cache's rows: every sequence's rows are consecutive (`Model::step` and `forward` give them so).
+        // Each cache's rows: every sequence's rows are consecutive (every caller gives them so).
         let mut seq_rows: Vec<Range<usize>> = vec![0..0; caches.len()];
         for (i, &s) in seq.iter().enumerate() {
             let r = &mut seq_rows[s];
@@ -1179,24 +1180,24 @@ impl Model {
             run_linear(&layer.qkv, &normed, groups, &mut qkv)?;
             // Each row's query and key heads normalised (where the model does) and rotated: rows are
             // independent, so several rows' run in parallel.
-            let rotate = |(i, row): (usize, &mut [f32])| {
+            let rotate = |tmp: &mut Vec<f32>, (i, row): (usize, &mut [f32])| {
                 let cs = &rope[i * half..(i + 1) * half];
-                let mut tmp = Vec::new();
                 for head in 0..nh + nkv {
                     let v = &mut row[head * hd..(head + 1) * hd];
                     let norm = if head < nh { &layer.q_norm } else { &layer.k_norm };
                     if let Some(w) = norm {
                         tmp.clear();
                         tmp.extend_from_slice(v);
-                        ops.rms_norm(&tmp, w, cfg.rms_norm_eps, v);
+                        ops.rms_norm(tmp, w, cfg.rms_norm_eps, v);
                     }
                     apply_rope(v, cs);
                 }
             };
-            if m >= PARALLEL_ROTATE_ROWS {
-                qkv.par_chunks_mut(qkv_n).enumerate().for_each(rotate);
+            if m >= PARALLEL_QK_ROWS {
+                qkv.par_chunks_mut(qkv_n).enumerate().for_each_init(Vec::new, rotate);
             } else {
-                qkv.chunks_mut(qkv_n).enumerate().for_each(rotate);
+                let mut tmp = Vec::new();
+                qkv.chunks_mut(qkv_n).enumerate().for_each(|row| rotate(&mut tmp, row));
             }
             // Then each row's keys and values into its sequence's cache: each sequence's rows in order,
             // sequences in parallel (each has a cache of its own).
@@ -1209,7 +1210,7 @@ impl Model {
                 }
             };
             let writes = caches.iter_mut().map(|c| &mut **c).zip(&seq_rows);
-            if seq_rows.len() > 1 && m >= PARALLEL_ROTATE_ROWS {
+            if seq_rows.len() > 1 && m >= PARALLEL_QK_ROWS {
                 writes.collect::<Vec<_>>().into_par_iter().for_each(store);
             } else {
                 writes.for_each(store);

@@ -48,7 +48,7 @@ pub struct TextCodec {
     special_tokens: Vec<(String, String)>,
     /// The tokenizer's token count, added tokens included, counted once: the tokenizer counts them by
     /// building a map of its whole vocabulary (49,152 strings for the default model), milliseconds that a
-    /// server would otherwise spend on every request, once of them on the thread that steps the model.
+    /// server would otherwise spend twice on every request, once on its scheduler thread between steps.
     vocab_limit: usize,
 }
 

@@ -32,8 +32,7 @@ pub(crate) struct Block<'a> {
 /// The SIMD epilogues broadcast each straight from memory (a load, no vector arithmetic); derived from the
 /// integer sum in every block, row and group instead, `8·Σx` and `Σx as f32` would cost a broadcast from
 /// a general register and an integer-to-float conversion on the vector pipes the multiply-adds need.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-#[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct RowGroupTerms {
     /// The activations' scale.
     pub a_scale: f32,

@@ -587,7 +587,8 @@ fn run_blocks(
 const PARALLEL_GATHER_FLOATS: usize = 1 << 16;
 
 /// Writes tiles `[N/16][m][16]` into `out[m][n]`, storing or adding (`combine`): in parallel over rows, or
-/// over blocks of a single row, once the output is large.
+/// over 4,096-value stretches of a single row, once the output is large. (A single row's store never comes
+/// here from [`run_blocks`], whose tiles are then `out` itself; its add does.)
 fn gather(tiles: &[f32], m: usize, n: usize, out: &mut [f32], combine: Combine) {
     let put = |dst: &mut [f32], src: &[f32]| match combine {
         Combine::Store => dst.copy_from_slice(src),
@@ -644,6 +645,7 @@ pub(crate) fn gemm_add(
     gemm_combine(kernel, a, w, None, out, Combine::Add)
 }
 
+/// [`gemm`] or [`gemm_add`], as `combine` says.
 fn gemm_combine(
     kernel: W4A8Kernel,
     a: &QuantizedActivations,
