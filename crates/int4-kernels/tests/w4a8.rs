@@ -655,8 +655,8 @@ fn int8_activations_cost_little_against_the_same_four_bit_weights() {
     }
 }
 
-/// Every kernel runs `weights` (signed codes `q` `[N][K]`, scales `d` `[G][N]`) as the two planes'
-/// reference outputs added, bit for bit, and within the f32 budget of the exact `Σ xq·q·a_s·d` (per-group
+/// Every kernel runs `weights` (signed codes `q` `[N][K]`, scales `d` `[G][N]`) to the bits of one exact
+/// integer sum and one multiply-add per group, within the f32 budget of the exact `Σ xq·q·a_s·d` (per-group
 /// activation scales), with a bias, at each row count of `ms`.
 #[allow(clippy::too_many_arguments)]
 fn check_eight_bit_layer(
@@ -676,43 +676,37 @@ fn check_eight_bit_layer(
     for &m in ms {
         let x = rng.activations(m, k);
         let a = quantize_activations(&x, m, weights.lo(), ActivationScales::PerGroup).unwrap();
-        let plane = |p: &W4A8Weights, bias: Option<&[f32]>| {
-            let codes = Codes::from_fn(n, k, |r, c| p.code(r, c)).unwrap();
-            let (scales_gn, zeros_gn) = (p.scales_gn(), p.zeros_gn());
-            reference::w4a8(&reference::W4a8Operands {
-                xq: &a.data,
-                m,
-                k_padded: a.k_padded,
-                a_scales: &a.scales,
-                codes: &codes,
-                scales_gn: &scales_gn,
-                zero_points_gn: zeros_gn.as_deref(),
-                offsets_gn: None,
-                g_len,
-                bias,
-            })
-        };
-        let hi = plane(weights.hi(), Some(&bias));
-        let want: Vec<f32> = hi.iter().zip(plane(weights.lo(), None)).map(|(h, l)| h + l).collect();
-        for (i, &got) in want.iter().enumerate() {
+        // The documented arithmetic: per group the exact `Σ xq·q`, then `out = fma(sum, a_s·d, out)` in f32,
+        // groups in K order from the bias.
+        let mut want = vec![0.0f32; m * n];
+        for (i, out) in want.iter_mut().enumerate() {
             let (r, c) = (i / n, i % n);
-            // Each plane's terms round as a W4A8 layer's do ((2·groups + 1)·u of its own magnitudes,
-            // the bias counted with the high plane), then one addition rounds the total.
+            let mut tot = bias[c];
+            // Each group rounds twice (the scale product, the multiply-add into a total no larger than the
+            // magnitudes summed): (2·groups + 1)·u of the magnitudes, against the exact value.
             let (mut exact, mut mag) = (f64::from(bias[c]), f64::from(bias[c]).abs());
             for g in 0..groups {
-                let scale = f64::from(a.scales[r * groups + g]) * f64::from(d[g * n + c]);
-                let (mut hi, mut lo) = (0i64, 0i64);
-                for kk in g * g_len..((g + 1) * g_len).min(k) {
-                    let (x, u) = (i64::from(a.data[r * a.k_padded + kk]), i64::from(q[c * k + kk]) + 128);
-                    hi += x * 16 * (u / 16 - 8);
-                    lo += x * (u % 16);
-                }
-                exact += (hi + lo) as f64 * scale;
-                mag += (hi.abs() + lo.abs()) as f64 * scale.abs();
+                let a_s = a.scales[r * groups + g];
+                let sum: i64 = (g * g_len..((g + 1) * g_len).min(k))
+                    .map(|kk| i64::from(a.data[r * a.k_padded + kk]) * i64::from(q[c * k + kk]))
+                    .sum();
+                let sum = i32::try_from(sum).expect("a group's sum fits in i32");
+                tot = (sum as f32).mul_add(a_s * d[g * n + c], tot);
+                let scale = f64::from(a_s) * f64::from(d[g * n + c]);
+                exact += f64::from(sum) * scale;
+                mag += f64::from(sum).abs() * scale.abs();
             }
-            let budget = ((2 * groups + 1) as f64 * mag + exact.abs()) * int4_kernels::budget::U_F32;
-            assert!((f64::from(got) - exact).abs() <= budget, "N={n} M={m} output {i}: {got} vs {exact}");
+            *out = tot;
+            let budget = (2 * groups + 1) as f64 * mag * int4_kernels::budget::U_F32;
+            assert!((f64::from(tot) - exact).abs() <= budget, "N={n} M={m} output {i}: {tot} vs {exact}");
         }
+        // The AMX tiling, on the emulator (every machine), then every kernel this machine runs.
+        let mut out = vec![f32::NAN; m * n];
+        int4_kernels::w4a8::int8::gemm_tiles(&TileEmulator::new, &a, weights, Some(&bias), &mut out).unwrap();
+        assert!(
+            out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "AMX tiles (emulated): N={n} K={k} M={m}: not bit-identical"
+        );
         for &(kernel, name) in kernels {
             let l = Int8Linear::with_kernels(weights.clone(), Some(bias.clone()), kernel).unwrap();
             let mut out = vec![f32::NAN; m * n];
@@ -732,8 +726,9 @@ fn check_eight_bit_layer(
     }
 }
 
-/// 8-bit weights as two 4-bit planes: every kernel gives the two planes' reference outputs added, bit for
-/// bit, and stays within the f32 budget of the exact `Σ xq·q·a_s·s`; a Q8_0-style tensor (`d·q`, every
+/// 8-bit weights as two 4-bit planes: every kernel (and the AMX tiling, emulated) gives the documented
+/// arithmetic's bits, one exact integer sum and one multiply-add per group, within the f32 budget of the
+/// exact `Σ xq·q·a_s·s`; a Q8_0-style tensor (`d·q`, every
 /// group reaching ±127) is found again exactly; the embedding lookup decodes `q·s`.
 #[test]
 fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
@@ -810,8 +805,9 @@ fn eight_bit_codes_from_a_checkpoint_make_the_planes_quantize_makes() {
 }
 
 /// Codes over the whole i8 range, −128 included, with negative (and zero) scales: the stored codes and
-/// the decoded weights `d·q` come back exactly, and every kernel runs the layer as the two planes'
-/// references added, bit for bit, within the 8-bit path's budget of the exact sum. Bad input is an error.
+/// the decoded weights `d·q` come back exactly, and every kernel runs the layer to the bits of one exact
+/// integer sum and one multiply-add per group, within the 8-bit path's budget of the exact sum. Bad input
+/// is an error.
 #[test]
 fn eight_bit_codes_with_minus_128_and_negative_scales_run_exactly() {
     use int4_kernels::w4a8::int8::Int8Weights;

@@ -9,8 +9,12 @@ use super::params::Params;
 
 /// One 16-channel block's work, as every kernel variant sees it.
 pub(crate) struct Block<'a> {
-    /// The block's packed codes, `[k_padded/8][64]`.
+    /// The block's packed codes, `[k_padded/8][64]`; of an 8-bit pair, the high plane's.
     pub w: &'a [u8],
+    /// Of an 8-bit pair ([`super::int8`]), the low plane's packed codes, laid out as `w`: each weight's
+    /// code is then `u = 16·hi + lo` (`0..256`) with the zero point 128, `w_scales` are the low plane's
+    /// and there are no zero-point or offset tables.
+    pub low: Option<&'a [u8]>,
     /// Activations `[m][kp]`.
     pub x: &'a [i8],
     pub kp: usize,
@@ -42,6 +46,8 @@ pub(crate) struct RowGroupTerms {
     pub sum: i32,
     /// `8·Σ xq`, wrapping: the implicit zero point's term.
     pub sum_times_8: i32,
+    /// `128·Σ xq`, wrapping: an 8-bit pair's zero point's term.
+    pub sum_times_128: i32,
 }
 
 impl RowGroupTerms {
@@ -55,6 +61,7 @@ impl RowGroupTerms {
                 sum_f32: sum as f32,
                 sum,
                 sum_times_8: sum.wrapping_mul(8),
+                sum_times_128: sum.wrapping_mul(128),
             })
             .collect()
     }
@@ -62,12 +69,16 @@ impl RowGroupTerms {
 
 impl Block<'_> {
     /// The epilogue of one row and group, shared by every variant: `out = fma(acc − z·Σx, a_s·w_s, out)`,
-    /// then, with offsets, `out = fma(Σx, a_s·f, out)`.
+    /// then, with offsets, `out = fma(Σx, a_s·f, out)`. `acc` is `Σ xq·q` (of a pair, `Σ xq·u`).
     #[inline]
     pub fn finish(&self, r: usize, g: usize, acc: &[i32; 16], out: &mut [f32]) {
         let RowGroupTerms { a_scale: a_s, sum_f32, sum, .. } = self.terms[r * self.groups + g];
         for c in 0..16 {
-            let z = self.zeros.map_or(8, |z| i32::from(z[g * 16 + c]));
+            let z = match (self.low, self.zeros) {
+                (Some(_), _) => 128,
+                (None, Some(z)) => i32::from(z[g * 16 + c]),
+                (None, None) => 8,
+            };
             let v = acc[c].wrapping_sub(z.wrapping_mul(sum));
             out[c] = (v as f32).mul_add(a_s * self.w_scales.get(g * 16 + c), out[c]);
             if let Some(f) = self.offsets {

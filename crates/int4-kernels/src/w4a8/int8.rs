@@ -4,12 +4,19 @@
 //! table too), and checkpoints that care ship it in 8 bits (llama.cpp's Q4 files keep it in Q8_0). Running
 //! it through the W4A8 kernels rather than a kernel of its own keeps one set of tested SIMD and tile code.
 //!
-//! A signed code `q ∈ −128..=127` with scale `s` is stored as `u = q + 128 = 16·hi + lo`, `hi, lo ∈ 0..16`,
-//! so `w = s·q = 16s·(hi − 8) + s·lo`: two W4A8 layers over the same int8 activations, the high plane
-//! symmetric (zero point 8) with scale `16s` (exact: a power-of-two multiple), the low plane with zero
-//! point 0 and scale `s`. Each plane's integer sums are exact; the two planes' f32 outputs are added, one
-//! more rounding. The planes together hold 8 bits per weight, as one 8-bit code would: the price is twice
-//! the dot-product instructions, which decode (memory-bound) barely sees.
+//! A signed code `q ∈ −128..=127` with scale `s` is stored as `u = q + 128 = 16·hi + lo`, `hi, lo ∈ 0..16`:
+//! two W4A8 planes of the same geometry, `w = s·q = 16s·(hi − 8) + s·lo`, the high plane symmetric (zero
+//! point 8) with scale `16s` (exact: a power-of-two multiple), the low plane with zero point 0 and scale
+//! `s`. Each plane is a valid W4A8 layer on its own, which is how they are stored, loaded and checked.
+//!
+//! They run as one layer ([`Int8Linear`]): per group the exact `Σ xq·u` in i32 (32 products of at
+//! most 255·127), then the W4A8 epilogue with zero point 128 and scale `s`,
+//! `out = fma(Σ xq·u − 128·Σ xq, a_s·s, out)`: one rounding of the scale product and one of the
+//! multiply-add per group, as a 4-bit layer has. The AVX-512 VNNI and AMX kernels merge each weight's
+//! two nibbles into one unsigned byte (`vpdpbusd` and `tdpbsud` take 0..=255), so a chunk costs one dot
+//! product per quad and row, as a 4-bit one does; AVX2, whose `vpmaddubsw` pair sums would saturate on
+//! 8-bit codes, and the portable kernel sum the planes apart and take `16·Σ xq·hi + Σ xq·lo`, the same
+//! integer. Decode (memory-bound) reads the same 8 bits per weight either way.
 //!
 //! The weights come from f32 ([`Int8Weights::quantize`], codes `−127..=127` on Q8_0's grid) or from a
 //! checkpoint's stored codes and scales, taken exactly ([`Int8Weights::from_codes`], codes `−128..=127`).
@@ -20,7 +27,11 @@ use crate::choice::{self, BoundKernels};
 use crate::error::{KernelError, check_len};
 use crate::isa::{IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
-use crate::w4a8::{ActivationScales, W4A8Kernel, W4A8Weights, gemm, gemm_add, is_w4a8, quantize_activations};
+use crate::tile::TileUnit;
+use crate::w4a8::{
+    ActivationScales, QuantizedActivations, W4A8Kernel, W4A8Weights, gemm_planes, is_w4a8, quantize_activations,
+    tiles_planes,
+};
 
 /// 8-bit symmetric weights as two 4-bit planes (module docs).
 #[derive(Clone, Debug)]
@@ -165,8 +176,8 @@ impl Int8Weights {
     }
 }
 
-/// A linear layer with 8-bit weights on the W4A8 kernels: `out = plane_hi(x) + plane_lo(x) + bias`, the
-/// activations quantized once for both planes.
+/// A linear layer with 8-bit weights on the W4A8 kernels (module docs): `out = x·Wᵀ + bias`, the
+/// activations quantized once and both planes run in one pass.
 #[derive(Debug)]
 pub struct Int8Linear {
     weights: Int8Weights,
@@ -228,8 +239,21 @@ impl Int8Linear {
 
     fn run(&self, kernel: W4A8Kernel, x: &[f32], m: usize, out: &mut [f32]) -> Result<KernelId, KernelError> {
         let a = quantize_activations(x, m, &self.weights.lo, self.activation_scales)?;
-        gemm(kernel, &a, &self.weights.hi, self.bias.as_deref(), out)?;
-        gemm_add(kernel, &a, &self.weights.lo, out)?;
+        gemm_planes(kernel, &a, (&self.weights.hi, &self.weights.lo), self.bias.as_deref(), out)?;
         Ok(kernel.id_for(m))
     }
+}
+
+/// `out = dequant(a)·Wᵀ (+ bias)` for 8-bit weights `w` on the AMX tiling over any tile unit, as
+/// [`crate::w4a8::gemm_tiles`] runs a 4-bit layer (what an [`Int8Linear`] runs from
+/// [`crate::w4a8::AMX_MIN_ROWS`] rows on AMX; on the bit-exact [`crate::tile::TileEmulator`] anywhere).
+/// `a` is quantized for the low plane ([`Int8Weights::lo`]).
+pub fn gemm_tiles<T: TileUnit>(
+    new_unit: &(dyn Fn() -> T + Sync),
+    a: &QuantizedActivations,
+    w: &Int8Weights,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    tiles_planes(new_unit, a, (&w.hi, &w.lo), bias, out)
 }

@@ -414,11 +414,23 @@ fn block_portable(b: &Block, out: &mut [f32]) {
             let mut acc = [0i32; 16];
             for j in span.start / 8..span.end / 8 {
                 let chunk = &b.w[j * CHUNK..(j + 1) * CHUNK];
+                let low = b.low.map(|l| &l[j * CHUNK..(j + 1) * CHUNK]);
                 let (lo, hi) = (&x[8 * j..8 * j + 4], &x[8 * j + 4..8 * j + 8]);
                 for (c, a) in acc.iter_mut().enumerate() {
                     for i in 0..4 {
                         let byte = chunk[4 * c + i];
-                        *a += i32::from(byte & 15) * i32::from(lo[i]) + i32::from(byte >> 4) * i32::from(hi[i]);
+                        // The chunk's two K quads: low nibbles first; of a pair, 16·hi + lo.
+                        let (q0, q1) = match low {
+                            None => (i32::from(byte & 15), i32::from(byte >> 4)),
+                            Some(l) => {
+                                let l = l[4 * c + i];
+                                (
+                                    i32::from(byte & 15) * 16 + i32::from(l & 15),
+                                    i32::from(byte >> 4) * 16 + i32::from(l >> 4),
+                                )
+                            }
+                        };
+                        *a += q0 * i32::from(lo[i]) + q1 * i32::from(hi[i]);
                     }
                 }
             }
@@ -503,24 +515,57 @@ fn check_operands(
 /// One block's kernel: fills `tile` (`[m][16]`) for a [`Block`].
 type BlockKernel<'a> = dyn Fn(&Block, &mut [f32]) -> Result<(), TileError> + Sync + 'a;
 
-/// What [`run_blocks`] does with the product: store it in `out`, or add it to what `out` holds (the
-/// second plane of an [`int8::Int8Linear`], added as a separate f32 addition after its own epilogue).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Combine {
-    Store,
-    Add,
+/// The weights one product runs against: a 4-bit layer, or both planes of an 8-bit one at once (each
+/// weight's code `16·hi + lo`, [`Block::low`]; the planes as [`int8::Int8Weights`] checked them).
+#[derive(Clone, Copy, Debug)]
+enum Operand<'a> {
+    Four(&'a W4A8Weights),
+    Eight { hi: &'a W4A8Weights, lo: &'a W4A8Weights },
+}
+
+impl<'a> Operand<'a> {
+    /// The weights whose geometry and scales the product uses: the layer, or the low plane (both planes
+    /// have the same geometry; the low plane's scales are the 8-bit grid's).
+    fn shape(self) -> &'a W4A8Weights {
+        match self {
+            Operand::Four(w) => w,
+            Operand::Eight { lo, .. } => lo,
+        }
+    }
+
+    /// Block `nb` of the weights, for activations `x` (`[m][kp]`) and their row terms.
+    fn block<'b>(
+        self,
+        nb: usize,
+        x: &'b [i8],
+        m: usize,
+        terms: &'b [RowGroupTerms],
+        spans: &'b [Range<usize>],
+    ) -> Block<'b>
+    where
+        'a: 'b,
+    {
+        let w = self.shape();
+        let (w_scales, zeros, offsets) = w.block_params(nb);
+        // A pair's zero point is 128 and it has no offsets (the low plane's zero points, all 0, are its own).
+        let (codes, low, zeros, offsets) = match self {
+            Operand::Four(w) => (w.block_bytes(nb), None, zeros, offsets),
+            Operand::Eight { hi, lo } => (hi.block_bytes(nb), Some(lo.block_bytes(nb)), None, None),
+        };
+        Block { w: codes, low, x, kp: w.k_padded, m, terms, groups: w.groups, spans, w_scales, zeros, offsets }
+    }
 }
 
 /// Runs `per_block(block, tile)` over every 16-channel block in parallel (threads split N, never K) and
-/// stores `out[m][n]` or adds to it (`combine`). `tile` is `[m][16]` and holds the bias (or zeros) on entry.
+/// stores `out[m][n]`. `tile` is `[m][16]` and holds the bias (or zeros) on entry.
 fn run_blocks(
     a: &QuantizedActivations,
-    w: &W4A8Weights,
+    op: Operand<'_>,
     bias: Option<&[f32]>,
     out: &mut [f32],
-    combine: Combine,
     per_block: &BlockKernel<'_>,
 ) -> Result<(), KernelError> {
+    let w = op.shape();
     check_operands(a, w, bias, out)?;
     let m = a.m;
     if m == 0 {
@@ -532,7 +577,7 @@ fn run_blocks(
     // `out` after, from a buffer this thread keeps between calls: a fresh one of this size (3 MiB for 16
     // rows of a 49,152-row head) would come from the OS each time, zeroed page by page on first touch.
     // Every task sets its own tiles first, so the buffer's old contents never matter.
-    let direct = m == 1 && combine == Combine::Store;
+    let direct = m == 1;
     let mut gathered = if direct { Vec::new() } else { GATHER.take() };
     let tiles = if direct {
         &mut *out
@@ -557,24 +602,11 @@ fn run_blocks(
                 }
                 None => tile.fill(0.0),
             }
-            let (w_scales, zeros, offsets) = w.block_params(nb);
-            let block = Block {
-                w: w.block_bytes(nb),
-                x: &a.data,
-                kp: w.k_padded,
-                m,
-                terms: &terms,
-                groups: w.groups,
-                spans: &spans,
-                w_scales,
-                zeros,
-                offsets,
-            };
-            per_block(&block, tile)
+            per_block(&op.block(nb, &a.data, m, &terms, &spans), tile)
         })
         .map_err(KernelError::from)?;
     if !direct {
-        gather(&gathered, m, w.n, out, combine);
+        gather(&gathered, m, w.n, out);
         if gathered.capacity() <= GATHER_KEEP_FLOATS {
             GATHER.set(gathered);
         }
@@ -586,27 +618,12 @@ fn run_blocks(
 /// a layer's few thousand take a microsecond or two on one thread, less than a hand-off.
 const PARALLEL_GATHER_FLOATS: usize = 1 << 16;
 
-/// Writes tiles `[N/16][m][16]` into `out[m][n]`, storing or adding (`combine`): in parallel over rows, or
-/// over 4,096-value stretches of a single row, once the output is large. (A single row's store never comes
-/// here from [`run_blocks`], whose tiles are then `out` itself; its add does.)
-fn gather(tiles: &[f32], m: usize, n: usize, out: &mut [f32], combine: Combine) {
-    let put = |dst: &mut [f32], src: &[f32]| match combine {
-        Combine::Store => dst.copy_from_slice(src),
-        Combine::Add => dst.iter_mut().zip(src).for_each(|(d, s)| *d += s),
-    };
-    if m == 1 {
-        // One row: the tiles are that row's values in order.
-        let whole = |(d, s): (&mut [f32], &[f32])| put(d, s);
-        if n >= PARALLEL_GATHER_FLOATS {
-            out.par_chunks_mut(4096).zip(tiles.par_chunks(4096)).for_each(whole);
-        } else {
-            whole((out, &tiles[..n]));
-        }
-        return;
-    }
+/// Writes tiles `[N/16][m][16]` into `out[m][n]`, in parallel over rows once the output is large. (A
+/// single row never comes here from [`run_blocks`]: its tiles are `out` itself.)
+fn gather(tiles: &[f32], m: usize, n: usize, out: &mut [f32]) {
     let row = |(r, dst): (usize, &mut [f32])| {
         for (nb, d) in dst.chunks_exact_mut(16).enumerate() {
-            put(d, &tiles[(nb * m + r) * 16..(nb * m + r + 1) * 16]);
+            d.copy_from_slice(&tiles[(nb * m + r) * 16..(nb * m + r + 1) * 16]);
         }
     };
     if m * n >= PARALLEL_GATHER_FLOATS {
@@ -632,49 +649,51 @@ pub fn gemm(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    gemm_combine(kernel, a, w, bias, out, Combine::Store)
+    gemm_operand(kernel, a, Operand::Four(w), bias, out)
 }
 
-/// `out[M][N] += dequant(a)·Wᵀ` on `kernel`: the product's own f32 values, each added to `out` once.
-pub(crate) fn gemm_add(
+/// `out[M][N] = dequant(a)·Wᵀ (+ bias)` on `kernel` for the 8-bit weights whose planes are `hi` and `lo`
+/// (an [`int8::Int8Weights`] pair), both planes in one pass ([`int8`]'s arithmetic). `a` is quantized for
+/// either plane (they have the same geometry).
+pub(crate) fn gemm_planes(
     kernel: W4A8Kernel,
     a: &QuantizedActivations,
-    w: &W4A8Weights,
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    gemm_combine(kernel, a, w, None, out, Combine::Add)
-}
-
-/// [`gemm`] or [`gemm_add`], as `combine` says.
-fn gemm_combine(
-    kernel: W4A8Kernel,
-    a: &QuantizedActivations,
-    w: &W4A8Weights,
+    (hi, lo): (&W4A8Weights, &W4A8Weights),
     bias: Option<&[f32]>,
     out: &mut [f32],
-    combine: Combine,
+) -> Result<(), KernelError> {
+    gemm_operand(kernel, a, Operand::Eight { hi, lo }, bias, out)
+}
+
+/// [`gemm`] or [`gemm_planes`], as `op` says.
+fn gemm_operand(
+    kernel: W4A8Kernel,
+    a: &QuantizedActivations,
+    op: Operand<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
 ) -> Result<(), KernelError> {
     match kernel {
-        W4A8Kernel::Portable => run_blocks(a, w, bias, out, combine, &|b, t| {
+        W4A8Kernel::Portable => run_blocks(a, op, bias, out, &|b, t| {
             block_portable(b, t);
             Ok(())
         }),
         #[cfg(target_arch = "x86_64")]
-        W4A8Kernel::Avx2(tok) => run_blocks(a, w, bias, out, combine, &|b, t| {
+        W4A8Kernel::Avx2(tok) => run_blocks(a, op, bias, out, &|b, t| {
             crate::x86_64::w4a8::block_avx2(tok, b, t);
             Ok(())
         }),
         #[cfg(target_arch = "x86_64")]
-        W4A8Kernel::Vnni(tok) => run_blocks(a, w, bias, out, combine, &|b, t| {
+        W4A8Kernel::Vnni(tok) => run_blocks(a, op, bias, out, &|b, t| {
             crate::x86_64::w4a8::block_vnni(tok, b, t);
             Ok(())
         }),
         #[cfg(target_arch = "x86_64")]
         W4A8Kernel::Amx(tok) if a.m >= AMX_MIN_ROWS => {
-            tiles_combine(&|| crate::x86_64::amx::AmxTiles::new(tok), a, w, bias, out, combine)
+            tiles_operand(&|| crate::x86_64::amx::AmxTiles::new(tok), a, op, bias, out)
         }
         #[cfg(target_arch = "x86_64")]
-        W4A8Kernel::Amx(tok) => gemm_combine(W4A8Kernel::Vnni(tok.vnni()), a, w, bias, out, combine),
+        W4A8Kernel::Amx(tok) => gemm_operand(W4A8Kernel::Vnni(tok.vnni()), a, op, bias, out),
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("x86 tokens cannot be constructed on other architectures"),
     }
@@ -694,20 +713,31 @@ pub fn gemm_tiles<T: TileUnit>(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    tiles_combine(new_unit, a, w, bias, out, Combine::Store)
+    tiles_operand(new_unit, a, Operand::Four(w), bias, out)
 }
 
-/// [`gemm_tiles`], storing or adding its product.
-fn tiles_combine<T: TileUnit>(
+/// [`gemm_tiles`] for the planes `hi` and `lo` of 8-bit weights, both in one pass (the AMX tiling of
+/// [`gemm_planes`]).
+pub(crate) fn tiles_planes<T: TileUnit>(
     new_unit: &(dyn Fn() -> T + Sync),
     a: &QuantizedActivations,
-    w: &W4A8Weights,
+    (hi, lo): (&W4A8Weights, &W4A8Weights),
     bias: Option<&[f32]>,
     out: &mut [f32],
-    combine: Combine,
 ) -> Result<(), KernelError> {
-    let kb = w.kb;
-    run_blocks(a, w, bias, out, combine, &|b, tile| {
+    tiles_operand(new_unit, a, Operand::Eight { hi, lo }, bias, out)
+}
+
+/// [`gemm_tiles`] or [`tiles_planes`], as `op` says.
+fn tiles_operand<T: TileUnit>(
+    new_unit: &(dyn Fn() -> T + Sync),
+    a: &QuantizedActivations,
+    op: Operand<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let kb = op.shape().kb;
+    run_blocks(a, op, bias, out, &|b, tile| {
         let mut unit = new_unit();
         let result = block_tiles(&mut unit, b, kb, tile);
         // Released on every path, success or error: the next kernel loads its own configuration.
@@ -720,13 +750,22 @@ fn tiles_combine<T: TileUnit>(
 /// (kb/4 rows × 64 bytes).
 fn block_tiles<T: TileUnit>(unit: &mut T, b: &Block, kb: usize, out: &mut [f32]) -> Result<(), TileError> {
     let (c, ta, tb) = (0, 4, 6);
-    // The block's B tiles: K quad `r` is row `r`, channel `c`'s four codes at bytes 4c..4c+4.
+    // The block's B tiles: K quad `r` is row `r`, channel `c`'s four codes at bytes 4c..4c+4 (of a pair,
+    // `16·hi + lo`).
     let quads = b.kp / 4;
     let mut expanded = vec![0u8; quads * CHUNK];
     for (j, chunk) in b.w.chunks_exact(CHUNK).enumerate() {
         for (i, &byte) in chunk.iter().enumerate() {
             expanded[(2 * j) * CHUNK + i] = byte & 15;
             expanded[(2 * j + 1) * CHUNK + i] = byte >> 4;
+        }
+    }
+    if let Some(low) = b.low {
+        for (j, chunk) in low.chunks_exact(CHUNK).enumerate() {
+            for (i, &byte) in chunk.iter().enumerate() {
+                expanded[(2 * j) * CHUNK + i] = expanded[(2 * j) * CHUNK + i] << 4 | (byte & 15);
+                expanded[(2 * j + 1) * CHUNK + i] = expanded[(2 * j + 1) * CHUNK + i] << 4 | (byte >> 4);
+            }
         }
     }
     let x: &[u8] = bytemuck::cast_slice(b.x);

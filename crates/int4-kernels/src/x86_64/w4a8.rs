@@ -80,6 +80,7 @@ unsafe fn block_avx2_widening(_tok: Avx2Fma, b: &Block, out: &mut [f32], f16c: b
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
     assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
+    assert!(b.low.is_none_or(|l| l.len() >= b.w.len()), "an 8-bit pair's planes are the same size");
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(4);
@@ -145,45 +146,60 @@ macro_rules! rows_avx2_fn {
         unsafe fn $name<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
             let mask = _mm256_set1_epi8(0x0F);
             let ones = _mm256_set1_epi16(1);
-            let w = b.w.as_ptr();
+            // An 8-bit pair's planes run one after the other, `acc = 16·Σ xq·hi + Σ xq·lo` (exact in i32):
+            // its 8-bit codes as one operand would saturate vpmaddubsw's pair sums.
+            let planes = [Some(b.w.as_ptr()), b.low.map(<[u8]>::as_ptr)];
             let prefetch = b.m <= PREFETCH_MAX_ROWS;
             for (g, span) in b.spans.iter().enumerate() {
                 let mut acc = [[_mm256_setzero_si256(); 2]; R];
-                // Four chunks (32 input channels) are summed in i16 before one vpmaddwd widens them: each chunk adds
-                // at most ±7620 per lane, so four stay within ±30480 < 2¹⁵. Spans are multiples of 32 (the tile K
-                // block), so every span is whole quads of chunks.
-                let mut j = span.start / 8;
-                while j < span.end / 8 {
-                    let mut part = [[_mm256_setzero_si256(); 2]; R];
-                    for j in j..j + 4 {
-                        if prefetch {
-                            prefetch_codes_ahead(w, j);
-                        }
-                        // SAFETY: chunk j lies within w (j < kp/8).
-                        let (v0, v1) = unsafe {
-                            (_mm256_loadu_si256(w.add(j * 64).cast()), _mm256_loadu_si256(w.add(j * 64 + 32).cast()))
-                        };
-                        let (lo0, hi0) =
-                            (_mm256_and_si256(v0, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v0), mask));
-                        let (lo1, hi1) =
-                            (_mm256_and_si256(v1, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v1), mask));
-                        for (r, part) in part.iter_mut().enumerate() {
-                            // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
-                            let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
-                            // SAFETY: as above.
-                            let (a0, a1) = unsafe { (_mm256_set1_epi32(quad(xp)), _mm256_set1_epi32(quad(xp.add(4)))) };
-                            // Pair sums of u4·s8 stay within ±3810, so vpmaddubsw never saturates.
-                            let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a0), _mm256_maddubs_epi16(hi0, a1));
-                            let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a0), _mm256_maddubs_epi16(hi1, a1));
-                            part[0] = _mm256_add_epi16(part[0], s0);
-                            part[1] = _mm256_add_epi16(part[1], s1);
+                for (plane, w) in planes.iter().enumerate() {
+                    let Some(w) = *w else { continue };
+                    if plane == 1 {
+                        for acc in acc.iter_mut() {
+                            acc[0] = _mm256_slli_epi32::<4>(acc[0]);
+                            acc[1] = _mm256_slli_epi32::<4>(acc[1]);
                         }
                     }
-                    for (acc, part) in acc.iter_mut().zip(&part) {
-                        acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(part[0], ones));
-                        acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(part[1], ones));
+                    // Four chunks (32 input channels) are summed in i16 before one vpmaddwd widens them: each chunk adds
+                    // at most ±7620 per lane, so four stay within ±30480 < 2¹⁵. Spans are multiples of 32 (the tile K
+                    // block), so every span is whole quads of chunks.
+                    let mut j = span.start / 8;
+                    while j < span.end / 8 {
+                        let mut part = [[_mm256_setzero_si256(); 2]; R];
+                        for j in j..j + 4 {
+                            if prefetch {
+                                prefetch_codes_ahead(w, j);
+                            }
+                            // SAFETY: chunk j lies within the plane (j < kp/8; a low plane is as long as b.w).
+                            let (v0, v1) = unsafe {
+                                (
+                                    _mm256_loadu_si256(w.add(j * 64).cast()),
+                                    _mm256_loadu_si256(w.add(j * 64 + 32).cast()),
+                                )
+                            };
+                            let (lo0, hi0) =
+                                (_mm256_and_si256(v0, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v0), mask));
+                            let (lo1, hi1) =
+                                (_mm256_and_si256(v1, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v1), mask));
+                            for (r, part) in part.iter_mut().enumerate() {
+                                // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
+                                let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
+                                // SAFETY: as above.
+                                let (q0, q1) = unsafe { (quad(xp), quad(xp.add(4))) };
+                                let (a0, a1) = (_mm256_set1_epi32(q0), _mm256_set1_epi32(q1));
+                                // Pair sums of u4·s8 stay within ±3810, so vpmaddubsw never saturates.
+                                let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a0), _mm256_maddubs_epi16(hi0, a1));
+                                let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a0), _mm256_maddubs_epi16(hi1, a1));
+                                part[0] = _mm256_add_epi16(part[0], s0);
+                                part[1] = _mm256_add_epi16(part[1], s1);
+                            }
+                        }
+                        for (acc, part) in acc.iter_mut().zip(&part) {
+                            acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(part[0], ones));
+                            acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(part[1], ones));
+                        }
+                        j += 4;
                     }
-                    j += 4;
                 }
                 // The group's zero points, scales and offsets, shared by its rows, each half of the 16 channels
                 // (written out, not through `array::map`, whose closures would not inline under the target
@@ -212,9 +228,11 @@ macro_rules! rows_avx2_fn {
                     let t = &b.terms[row * b.groups + g];
                     let a_scale = _mm256_set1_ps(t.a_scale);
                     for (h, &acc) in acc.iter().enumerate() {
-                        // z·Σx per lane; with the implicit zero 8 the same wrapping product, taken once per call.
+                        // z·Σx per lane; with the implicit zero 8 (a pair's 128) the same wrapping product, taken
+                        // once per call.
                         let zsum = match z {
                             Some(z) => _mm256_mullo_epi32(z[h], _mm256_set1_epi32(t.sum)),
+                            None if b.low.is_some() => _mm256_set1_epi32(t.sum_times_128),
                             None => _mm256_set1_epi32(t.sum_times_8),
                         };
                         let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, zsum));
@@ -243,21 +261,30 @@ pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
     assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
+    assert!(b.low.is_none_or(|l| l.len() >= b.w.len()), "an 8-bit pair's planes are the same size");
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(8);
         // SAFETY: the token proves AVX-512 F/BW/VL + VNNI; the block's invariants (module docs) and the
-        // assert above keep every access in bounds for rows r0..r0+rows.
+        // asserts above keep every access in bounds for rows r0..r0+rows.
         unsafe {
-            match rows {
-                8 => rows_vnni::<8, 1, 1>(b, r0, out),
-                7 => rows_vnni::<7, 1, 1>(b, r0, out),
-                6 => rows_vnni::<6, 1, 1>(b, r0, out),
-                5 => rows_vnni::<5, 1, 1>(b, r0, out),
-                4 => rows_vnni::<4, 1, 2>(b, r0, out),
-                3 => rows_vnni::<3, 1, 2>(b, r0, out),
-                2 => rows_vnni::<2, 2, 2>(b, r0, out),
-                _ => rows_vnni::<1, 2, 2>(b, r0, out),
+            match (rows, b.low.is_some()) {
+                (8, false) => rows_vnni::<8, 1, 1, false>(b, r0, out),
+                (7, false) => rows_vnni::<7, 1, 1, false>(b, r0, out),
+                (6, false) => rows_vnni::<6, 1, 1, false>(b, r0, out),
+                (5, false) => rows_vnni::<5, 1, 1, false>(b, r0, out),
+                (4, false) => rows_vnni::<4, 1, 2, false>(b, r0, out),
+                (3, false) => rows_vnni::<3, 1, 2, false>(b, r0, out),
+                (2, false) => rows_vnni::<2, 2, 2, false>(b, r0, out),
+                (_, false) => rows_vnni::<1, 2, 2, false>(b, r0, out),
+                (8, true) => rows_vnni::<8, 1, 1, true>(b, r0, out),
+                (7, true) => rows_vnni::<7, 1, 1, true>(b, r0, out),
+                (6, true) => rows_vnni::<6, 1, 1, true>(b, r0, out),
+                (5, true) => rows_vnni::<5, 1, 1, true>(b, r0, out),
+                (4, true) => rows_vnni::<4, 1, 2, true>(b, r0, out),
+                (3, true) => rows_vnni::<3, 1, 2, true>(b, r0, out),
+                (2, true) => rows_vnni::<2, 2, 2, true>(b, r0, out),
+                (_, true) => rows_vnni::<1, 2, 2, true>(b, r0, out),
             }
         }
         r0 += rows;
@@ -270,14 +297,25 @@ pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
 /// rows the rows alone give enough independent chains. The chains are added at the end of the group; i32
 /// addition wraps and is associative, so the sum is the same bits as one chain's.
 ///
+/// `PAIR`: the block is an 8-bit pair ([`Block::low`]). Each quad's codes are `16·hi + lo`, merged from
+/// the two planes' nibbles (a shift and a bitwise select per quad) into one unsigned byte operand, so a
+/// chunk takes one `vpdpbusd` per quad and row, as a 4-bit block does; `Σ xq·u` stays within i32 (32
+/// products of at most 255·127 per group).
+///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL and VNNI; `b` must satisfy the block invariants (module docs),
 /// `r0 + R ≤ m`, `U` must divide 4 (spans are whole multiples of 4 chunks), `S` must be 1 or 2, and `out`
-/// must hold `m × 16` values.
+/// must hold `m × 16` values; with `PAIR`, `b.low` must be as long as `b.w`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r0: usize, out: &mut [f32]) {
+unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: bool>(
+    b: &Block,
+    r0: usize,
+    out: &mut [f32],
+) {
     let mask = _mm512_set1_epi8(0x0F);
+    let high = _mm512_set1_epi8(0xF0u8 as i8);
     let w = b.w.as_ptr();
+    let low = b.low.map_or(w, <[u8]>::as_ptr);
     let prefetch = b.m <= PREFETCH_MAX_ROWS;
     for (g, span) in b.spans.iter().enumerate() {
         let mut chains = [[[_mm512_setzero_si512(); S]; R]; U];
@@ -287,10 +325,26 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r
                 let j = j + u;
                 if prefetch {
                     prefetch_codes_ahead(w, j);
+                    if PAIR {
+                        prefetch_codes_ahead(low, j);
+                    }
                 }
                 // SAFETY: chunk j lies within w (j < kp/8: spans hold whole multiples of U chunks).
                 let v = unsafe { _mm512_loadu_si512(w.add(j * 64).cast()) };
-                let (lo, hi) = (_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask));
+                // The chunk's two K quads (low nibbles, high nibbles) as unsigned bytes.
+                let (lo, hi) = if PAIR {
+                    // SAFETY: the low plane is as long as w (this function's contract).
+                    let l = unsafe { _mm512_loadu_si512(low.add(j * 64).cast()) };
+                    // Select (0xE4): the first operand's bits where the mask (third) has ones, else the
+                    // second's. Shifts by 4 within 16-bit lanes move each byte's nibble into place; the bits
+                    // crossing a byte boundary fall where the select takes the other operand.
+                    (
+                        _mm512_ternarylogic_epi32::<0xE4>(_mm512_slli_epi16::<4>(v), l, high),
+                        _mm512_ternarylogic_epi32::<0xE4>(v, _mm512_srli_epi16::<4>(l), high),
+                    )
+                } else {
+                    (_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask))
+                };
                 for (r, acc) in chain.iter_mut().enumerate() {
                     // SAFETY: row r0 + r < m and 8j + 8 ≤ kp, so both quads lie within x.
                     let xp = unsafe { b.x.as_ptr().add((r0 + r) * b.kp + 8 * j) };
@@ -320,9 +374,11 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize>(b: &Block, r
         for (r, &acc) in acc.iter().enumerate() {
             let row = r0 + r;
             let t = &b.terms[row * b.groups + g];
-            // z·Σx per lane; with the implicit zero 8 the same wrapping product, taken once per call.
+            // z·Σx per lane; with the implicit zero 8 (a pair's 128) the same wrapping product, taken once
+            // per call.
             let zsum = match z {
                 Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(t.sum)),
+                None if PAIR => _mm512_set1_epi32(t.sum_times_128),
                 None => _mm512_set1_epi32(t.sum_times_8),
             };
             let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zsum));
@@ -496,6 +552,7 @@ mod tests {
             let terms = RowGroupTerms::table(&a_scales, &sums);
             let block = Block {
                 w: &w,
+                low: None,
                 x: &x,
                 kp,
                 m,
