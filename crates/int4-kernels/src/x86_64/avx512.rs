@@ -690,8 +690,67 @@ unsafe fn dot_lanes_f16(a: *const f32, b: *const u16, len: usize) -> __m256 {
     _mm256_add_ps(_mm256_add_ps(c0, high(c01)), _mm256_add_ps(_mm512_castps512_ps256(c23), high(c23)))
 }
 
+/// [`dot_lanes_f16`] of `CH` query heads (`q + h·q_stride`) against one key, the key widened once for
+/// all of them: each head's chains are [`dot_lanes_f16`]'s, so each head's lanes are bit for bit its own
+/// call's.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and F16C; `q + h·q_stride` readable for `len` floats for every
+/// `h < CH`, `b` for `len` halves.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn dot_lanes_f16_heads<const CH: usize>(
+    q: *const f32,
+    q_stride: usize,
+    b: *const u16,
+    len: usize,
+) -> [__m256; CH] {
+    let (mut c01, mut c23) = ([_mm512_setzero_ps(); CH], [_mm512_setzero_ps(); CH]);
+    let mut i = 0;
+    while i + 32 <= len {
+        // SAFETY: i + 32 <= len, so values i..i + 32 of the key and of every head's query are readable.
+        unsafe {
+            let (k0, k1) = (
+                _mm512_cvtph_ps(_mm256_loadu_si256(b.add(i).cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(b.add(i + 16).cast())),
+            );
+            for h in 0..CH {
+                let a = q.add(h * q_stride);
+                c01[h] = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), k0, c01[h]);
+                c23[h] = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 16)), k1, c23[h]);
+            }
+        }
+        i += 32;
+    }
+    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let mut c0 = [_mm256_setzero_ps(); CH];
+    for h in 0..CH {
+        c0[h] = _mm512_castps512_ps256(c01[h]);
+    }
+    while i + 8 <= len {
+        // SAFETY: i + 8 <= len.
+        unsafe {
+            let k = _mm256_cvtph_ps(_mm_loadu_si128(b.add(i).cast()));
+            for (h, c0) in c0.iter_mut().enumerate() {
+                *c0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(h * q_stride + i)), k, *c0);
+            }
+        }
+        i += 8;
+    }
+    let mut lanes = [_mm256_setzero_ps(); CH];
+    for h in 0..CH {
+        lanes[h] = _mm256_add_ps(
+            _mm256_add_ps(c0[h], high(c01[h])),
+            _mm256_add_ps(_mm512_castps512_ps256(c23[h]), high(c23[h])),
+        );
+    }
+    lanes
+}
+
 /// [`super::avx2::dots_heads_f16`] with sixteen values per FMA: every score bit for bit
-/// [`dots_heads_f32`]'s against the widened keys.
+/// [`dots_heads_f32`]'s against the widened keys. Up to four query heads at a time share each key's
+/// widening ([`dot_lanes_f16_heads`]); eight keys' lanes are summed horizontally at a time, as in
+/// [`dots_heads_f32`].
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and F16C; `q` readable for `heads·len` floats, `keys` for
@@ -706,6 +765,66 @@ pub unsafe fn dots_heads_f16(
     n: usize,
     out: *mut f32,
 ) {
-    // The caller's contract is the one the macro's unsafe blocks rely on (`super::avx2::dots_heads_f16`'s).
-    super::avx2::dots_heads_with!(dot_lanes_f16, super::avx2::dot_tail_f16, q, heads, keys, stride, len, n, out)
+    let mut h0 = 0;
+    while h0 < heads {
+        let ch = (heads - h0).min(4);
+        // SAFETY: heads h0..h0 + ch < heads: their queries are readable and their rows of `out` writable
+        // (this function's contract).
+        unsafe {
+            let (q, out) = (q.add(h0 * len), out.add(h0 * n));
+            match ch {
+                4 => dots_heads_f16_chunk::<4>(q, keys, stride, len, n, out),
+                3 => dots_heads_f16_chunk::<3>(q, keys, stride, len, n, out),
+                2 => dots_heads_f16_chunk::<2>(q, keys, stride, len, n, out),
+                _ => dots_heads_f16_chunk::<1>(q, keys, stride, len, n, out),
+            }
+        }
+        h0 += ch;
+    }
+}
+
+/// [`dots_heads_f16`] for `CH` heads.
+///
+/// # Safety
+/// As [`dots_heads_f16`], with `heads = CH`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn dots_heads_f16_chunk<const CH: usize>(
+    q: *const f32,
+    keys: *const u16,
+    stride: usize,
+    len: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    use super::avx2::{dot_tail_f16, hsum, hsum8};
+    let mut j = 0;
+    while j + 8 <= n {
+        let mut keyed = [[_mm256_setzero_ps(); CH]; 8];
+        for (t, lanes) in keyed.iter_mut().enumerate() {
+            // SAFETY: keys j..j + 8 lie within the n the caller made readable; every head's query is readable.
+            *lanes = unsafe { dot_lanes_f16_heads::<CH>(q, len, keys.add((j + t) * stride), len) };
+        }
+        for h in 0..CH {
+            let mut v = [_mm256_setzero_ps(); 8];
+            for (v, lanes) in v.iter_mut().zip(&keyed) {
+                *v = lanes[h];
+            }
+            for (t, s) in hsum8(v).into_iter().enumerate() {
+                // SAFETY: as above; out[h·n + j + t] is writable for h < CH, j + t < n.
+                unsafe { *out.add(h * n + j + t) = dot_tail_f16(q.add(h * len), keys.add((j + t) * stride), len, s) };
+            }
+        }
+        j += 8;
+    }
+    while j < n {
+        for h in 0..CH {
+            // SAFETY: query h and key j < n are readable and out[h·n + j] writable.
+            unsafe {
+                let (qh, key) = (q.add(h * len), keys.add(j * stride));
+                *out.add(h * n + j) = dot_tail_f16(qh, key, len, hsum(dot_lanes_f16(qh, key, len)));
+            }
+        }
+        j += 1;
+    }
 }
