@@ -259,6 +259,28 @@ impl VectorOps {
         }
     }
 
+    /// `dst[i] = f16::from_f32(src[i])`, rounded to the nearest f16 (ties to even): sixteen at a time with
+    /// AVX-512, eight with F16C (`vcvtps2ph`, round to nearest even), one at a time in portable Rust, every
+    /// variant the same bits for every finite value and infinity (beyond the f16 range, ±infinity; a NaN
+    /// stays a NaN). A KV cache stored in f16 is written through it. Panics if the lengths differ.
+    pub fn narrow_f16(&self, src: &[f32], dst: &mut [f16]) {
+        assert_eq!(src.len(), dst.len(), "narrow_f16 of slices of different lengths");
+        match (self.wide, self.f16c) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX-512F; both slices hold `src.len()` values.
+            (Some(_), _) => unsafe { avx512::narrow_f16(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `f16c` is set only where the AVX2 token exists and the live CPU reports F16C; both
+            // slices hold `src.len()` values.
+            (None, true) => unsafe { avx2::narrow_f16(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) },
+            _ => {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d = f16::from_f32(s);
+                }
+            }
+        }
+    }
+
     /// `Σ a[i]·b[i]` (panics if the lengths differ).
     pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len(), "dot of slices of different lengths");
@@ -755,6 +777,29 @@ mod avx2 {
         }
     }
 
+    /// `dst[i]` = `src[i]` rounded to f16 (raw bits, nearest even), eight at a time with F16C, the tail one
+    /// at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; `src` readable and `dst` writable for `len` values.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn narrow_f16(src: *const f32, dst: *mut u16, len: usize) {
+        let mut i = 0;
+        while i + 8 <= len {
+            // SAFETY: i + 8 <= len.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.add(i)));
+                _mm_storeu_si128(dst.add(i).cast(), h);
+            }
+            i += 8;
+        }
+        while i < len {
+            // SAFETY: i < len.
+            unsafe { *dst.add(i) = half::f16::from_f32(*src.add(i)).to_bits() };
+            i += 1;
+        }
+    }
+
     /// One `R × 8W` tile of C: `R` rows of A against `8W` columns of B, accumulated over `k` in registers
     /// (starting from C's values with `ADD`, from zero without).
     ///
@@ -896,6 +941,29 @@ mod avx512 {
         while i < len {
             // SAFETY: i < len.
             unsafe { *dst.add(i) = half::f16::from_bits(*src.add(i)).to_f32_const() };
+            i += 1;
+        }
+    }
+
+    /// `dst[i]` = `src[i]` rounded to f16 (raw bits, nearest even), sixteen at a time, the tail one at a
+    /// time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `src` readable and `dst` writable for `len` values.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn narrow_f16(src: *const f32, dst: *mut u16, len: usize) {
+        let mut i = 0;
+        while i + 16 <= len {
+            // SAFETY: i + 16 <= len.
+            unsafe {
+                let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(src.add(i)));
+                _mm256_storeu_si256(dst.add(i).cast(), h);
+            }
+            i += 16;
+        }
+        while i < len {
+            // SAFETY: i < len.
+            unsafe { *dst.add(i) = half::f16::from_f32(*src.add(i)).to_bits() };
             i += 1;
         }
     }
@@ -1264,6 +1332,46 @@ mod tests {
                         "{op:?}: {:#06x} widened to {d} ({:#010x}), want {want}",
                         s.to_bits(),
                         d.to_bits()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Values round to f16 as `half` rounds them (a NaN to a NaN) on every variant this CPU runs: every
+    /// f16 value, every midpoint between neighbours (ties to even) and the values either side of it,
+    /// around the largest finite f16 (65504, and 65520, the tie to infinity), f32 subnormals, infinities,
+    /// and f32 bit patterns spread over the whole range, at lengths that leave tails of each width.
+    #[test]
+    fn narrow_f16_rounds_as_half_does() {
+        let caps = IsaCaps::process();
+        let f16c = VectorOps::with_caps(&caps.with_max_level(crate::isa::IsaLevel::Avx2));
+        let ops = [VectorOps::new(), f16c, VectorOps { tok: None, wide: None, f16c: false }];
+        let mut values: Vec<f32> = Vec::new();
+        for bits in 0..=u16::MAX {
+            let (a, b) = (f16::from_bits(bits).to_f32(), f16::from_bits(bits.wrapping_add(1)).to_f32());
+            values.push(a);
+            if a.is_finite() && b.is_finite() && (a < 0.0) == (b < 0.0) {
+                let mid = a + (b - a) / 2.0;
+                values.extend([mid, f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1)]);
+            }
+        }
+        values.extend([65504.0, 65519.0, 65520.0, 65521.0, 1e6, -65520.0, f32::INFINITY, f32::NEG_INFINITY]);
+        values.extend([f32::from_bits(1), -f32::from_bits(1), f32::MIN_POSITIVE, f32::NAN, -f32::NAN]);
+        values.extend((0..65_536u32).map(|i| f32::from_bits(i.wrapping_mul(65_537).wrapping_add(12_345))));
+        for op in &ops {
+            for len in [values.len(), 1, 7, 8, 15, 17, 33] {
+                let src = &values[values.len() - len..];
+                let mut dst = vec![f16::ONE; len];
+                op.narrow_f16(src, &mut dst);
+                for (s, d) in src.iter().zip(&dst) {
+                    let want = f16::from_f32(*s);
+                    assert!(
+                        d.to_bits() == want.to_bits() || (d.is_nan() && want.is_nan()),
+                        "{op:?}: {s:e} ({:#010x}) narrowed to {:#06x}, want {:#06x}",
+                        s.to_bits(),
+                        d.to_bits(),
+                        want.to_bits()
                     );
                 }
             }

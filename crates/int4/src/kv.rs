@@ -16,7 +16,6 @@
 //! cache would pass the overflow on as NaN.
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use int4_kernels::vector::VectorOps;
 use int4_select::KvType;
 
@@ -54,16 +53,18 @@ impl Plane {
         }
     }
 
-    /// Stores position `p` of every head from `row` (`[head][dim]`), rounded to this plane's type.
-    pub(crate) fn write_position(&mut self, g: Heads, p: usize, row: &[f32]) {
+    /// Stores position `p` of every head from `row` (`[head][dim]`), rounded to this plane's type (with
+    /// `ops`' f16 conversion).
+    pub(crate) fn write_position(&mut self, ops: &VectorOps, g: Heads, p: usize, row: &[f32]) {
         for (h, values) in row.chunks_exact(g.dim).enumerate().take(g.count) {
             let at = (h * g.capacity + p) * g.dim;
             match self {
                 Plane::F32(x) => x[at..at + g.dim].copy_from_slice(values),
                 Plane::F16(x) => {
                     let dst = &mut x[at..at + g.dim];
-                    if values.iter().all(|v| v.abs() <= F16_LIMIT) {
-                        dst.convert_from_f32_slice(values);
+                    // Every value tested (a fold, not a short-circuit, so the test vectorises).
+                    if values.iter().fold(true, |ok, v| ok & (v.abs() <= F16_LIMIT)) {
+                        ops.narrow_f16(values, dst);
                     } else {
                         for (d, &v) in dst.iter_mut().zip(values) {
                             *d = f16::from_f32(v.clamp(-F16_LIMIT, F16_LIMIT));
@@ -266,7 +267,7 @@ mod tests {
         for p in 0..positions {
             let row: Vec<f32> = (0..heads * dim).map(|i| value(p, i / dim, i % dim)).collect();
             for plane in c.k.iter_mut().chain(c.v.iter_mut()) {
-                plane.write_position(g, p, &row);
+                plane.write_position(&VectorOps::new(), g, p, &row);
             }
             c.ids.push(p as u32);
         }
@@ -293,7 +294,7 @@ mod tests {
             .chain(in_range)
             .collect();
         let mut half = Plane::zeros(KvType::F16, 3 * 3 * 4);
-        half.write_position(g, 1, &row);
+        half.write_position(&VectorOps::new(), g, 1, &row);
         let read = |plane: &Plane, h: usize| {
             let mut stored = vec![0.0f32; 4];
             plane.widen(&VectorOps::new(), g, h, 1, &mut stored);
@@ -307,7 +308,7 @@ mod tests {
         let rounded: Vec<f32> = in_range.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
         assert_eq!(read(&half, 2), rounded, "a row without outliers converts whole");
         let mut wide = Plane::zeros(KvType::F32, 3 * 3 * 4);
-        wide.write_position(g, 1, &row);
+        wide.write_position(&VectorOps::new(), g, 1, &row);
         assert_eq!(read(&wide, 0), row[..4]);
         assert_eq!(read(&wide, 2), in_range);
     }

@@ -478,7 +478,7 @@ mod attention_tests {
                                 x.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
                             }
                             for (p, row) in x.chunks_exact(kw).enumerate() {
-                                plane.write_position(heads, p, row);
+                                plane.write_position(&VectorOps::new(), heads, p, row);
                             }
                         }
                         cache
@@ -1205,8 +1205,8 @@ impl Model {
                 let (kw, heads) = (nkv * hd, cache.heads());
                 for i in rows.clone() {
                     let row = &qkv[i * qkv_n..(i + 1) * qkv_n];
-                    cache.k[li].write_position(heads, pos[i], &row[nh * hd..nh * hd + kw]);
-                    cache.v[li].write_position(heads, pos[i], &row[nh * hd + kw..nh * hd + 2 * kw]);
+                    cache.k[li].write_position(&ops, heads, pos[i], &row[nh * hd..nh * hd + kw]);
+                    cache.v[li].write_position(&ops, heads, pos[i], &row[nh * hd + kw..nh * hd + 2 * kw]);
                 }
             };
             let writes = caches.iter_mut().map(|c| &mut **c).zip(&seq_rows);
