@@ -663,36 +663,14 @@ pub unsafe fn dots_heads_f32(
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn dot_lanes_f16(a: *const f32, b: *const u16, len: usize) -> __m256 {
-    let (mut c01, mut c23) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut i = 0;
-    while i + 32 <= len {
-        // SAFETY: i + 32 <= len, so values i..i + 32 of both are readable.
-        unsafe {
-            let (k0, k1) = (
-                _mm512_cvtph_ps(_mm256_loadu_si256(b.add(i).cast())),
-                _mm512_cvtph_ps(_mm256_loadu_si256(b.add(i + 16).cast())),
-            );
-            c01 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), k0, c01);
-            c23 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 16)), k1, c23);
-        }
-        i += 32;
-    }
-    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    let mut c0 = _mm512_castps512_ps256(c01);
-    while i + 8 <= len {
-        // SAFETY: i + 8 <= len.
-        unsafe {
-            let k = _mm256_cvtph_ps(_mm_loadu_si128(b.add(i).cast()));
-            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), k, c0);
-        }
-        i += 8;
-    }
-    _mm256_add_ps(_mm256_add_ps(c0, high(c01)), _mm256_add_ps(_mm512_castps512_ps256(c23), high(c23)))
+    // SAFETY: one head, `a`, readable for `len` floats; `b` for `len` halves (this function's contract).
+    let [lanes] = unsafe { dot_lanes_f16_heads::<1>(a, 0, b, len) };
+    lanes
 }
 
 /// [`dot_lanes_f16`] of `CH` query heads (`q + h·q_stride`) against one key, the key widened once for
-/// all of them: each head's chains are [`dot_lanes_f16`]'s, so each head's lanes are bit for bit its own
-/// call's.
+/// all of them: each head's chains are those of one head alone (which is what [`dot_lanes_f16`] runs), so
+/// each head's lanes are bit for bit its own call's.
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and F16C; `q + h·q_stride` readable for `len` floats for every
@@ -768,7 +746,7 @@ pub unsafe fn dots_heads_f16(
     let mut h0 = 0;
     while h0 < heads {
         let ch = (heads - h0).min(4);
-        // SAFETY: heads h0..h0 + ch < heads: their queries are readable and their rows of `out` writable
+        // SAFETY: heads h0..h0 + ch, h0 + ch ≤ heads: their queries are readable and their rows of `out` writable
         // (this function's contract).
         unsafe {
             let (q, out) = (q.add(h0 * len), out.add(h0 * n));
