@@ -735,11 +735,12 @@ fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
     use int4_kernels::w4a8::int8::Int8Weights;
     let kernels = runnable_kernels("eight_bit_weights_run_on_the_four_bit_kernels_exactly");
     let mut rng = Rng::new(31);
-    // The last shape is a head-wide layer, 2¹⁶ + 16 outputs a row: past the output size from which the
-    // W4A8 driver gathers and adds across threads, for one row and for several.
+    // Row counts cover each kernel's passes and remainders (VNNI 8 rows a pass, AVX2 4). The last shape is
+    // a head-wide layer, 2¹⁶ + 16 outputs a row: past the output size from which the W4A8 driver gathers
+    // several rows' tiles across threads (one row writes its output in place).
     for (n, k, group, ms) in [
-        (16, 64, GroupSize::G32, &[1, 3, 17][..]),
-        (48, 200, GroupSize::G32, &[1, 3, 17]),
+        (16, 64, GroupSize::G32, &[1, 3, 5, 12, 17][..]),
+        (48, 200, GroupSize::G32, &[1, 3, 5, 12, 17]),
         (144, 576, GroupSize::G128, &[1, 3, 17]),
         (65552, 32, GroupSize::G32, &[1, 2, 3]),
     ] {

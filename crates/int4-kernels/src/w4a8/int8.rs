@@ -9,8 +9,8 @@
 //! point 8) with scale `16s` (exact: a power-of-two multiple), the low plane with zero point 0 and scale
 //! `s`. Each plane is a valid W4A8 layer on its own, which is how they are stored, loaded and checked.
 //!
-//! They run as one layer ([`Int8Linear`]): per group the exact `Σ xq·u` in i32 (32 products of at
-//! most 255·127), then the W4A8 epilogue with zero point 128 and scale `s`,
+//! They run as one layer ([`Int8Linear`]): per group the exact `Σ xq·u` in i32 (products of at most
+//! 255·127, so groups of up to 66,000 inputs fit), then the W4A8 epilogue with zero point 128 and scale `s`,
 //! `out = fma(Σ xq·u − 128·Σ xq, a_s·s, out)`: one rounding of the scale product and one of the
 //! multiply-add per group, as a 4-bit layer has. The AVX-512 VNNI and AMX kernels merge each weight's
 //! two nibbles into one unsigned byte (`vpdpbusd` and `tdpbsud` take 0..=255), so a chunk costs one dot

@@ -15,6 +15,9 @@
 //! * **Per group**: `acc = Σ xq·q − z·Σ xq`, which is `Σ xq·(q − z)` exactly, in i32. Then
 //!   `out = fma(acc, a_scale[m][g]·s[g][n], out)` in f32 and, with offsets,
 //!   `out = fma(Σ xq, a_scale[m][g]·f[g][n], out)`; groups in K order, starting from the bias.
+//! * **8-bit weights** ([`int8`]): two 4-bit planes with the same geometry run as one layer whose codes
+//!   are `u = 16·hi + lo` in `0..256`, with zero point 128 (in the same `z·Σ xq` term) and the low
+//!   plane's scales, no offsets: the same per-group arithmetic on 8-bit codes.
 //!
 //! Keeping the codes unsigned makes them the unsigned operand of every x86 byte dot product (`vpmaddubsw`,
 //! `vpdpbusd`, `tdpbsud` with A signed and B unsigned), and the activations the signed one. So no +128
@@ -40,7 +43,8 @@
 //! (`tdpbsud`, from [`AMX_MIN_ROWS`] rows; VNNI below). The AMX tiling is written once over
 //! [`crate::tile::TileUnit`], so the same code runs on the hardware (`AmxTiles`, in `x86_64::amx`) and, in
 //! tests here, on the bit-exact [`crate::tile::TileEmulator`]. Every kernel computes the same integers and the same f32 operations in
-//! the same order, so all of them agree with [`crate::reference::w4a8`] bit for bit.
+//! the same order, so all of them agree with [`crate::reference::w4a8`] bit for bit (8-bit pairs, whose
+//! codes that reference cannot hold, with the per-group arithmetic above, written out in the tests).
 
 pub(crate) mod block;
 pub mod int8;

@@ -1,7 +1,9 @@
 //! The W4A8 block kernels: AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`).
 //!
 //! Both read one 16-channel block's packed codes 64 bytes (8 input channels) at a time, split the nibbles
-//! with an AND and a shift into two K quads of unsigned codes, and multiply them with the broadcast signed
+//! with an AND and a shift into two K quads of unsigned codes (of an 8-bit pair, [`Block::low`]: VNNI
+//! merges the two planes' nibbles into 8-bit codes, AVX2 runs the planes one after the other and combines
+//! their sums), and multiply them with the broadcast signed
 //! int8 activations of those quads, `R` rows per pass so each weight load serves several rows. Sums stay
 //! in i32 for a whole group; the epilogue is the same f32 sequence as the portable kernel's
 //! ([`crate::w4a8`]), so every variant gives identical bits. A block's float tables are f32 or f16
@@ -9,10 +11,11 @@
 //! the same f32 values either way.
 //!
 //! **Safety model.** The public functions are safe: they take a capability token (proof the CPU has the
-//! features) and a [`Block`], whose slices the driver built with checked lengths: `w` holds
-//! `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 32 (the smallest
+//! features) and a [`Block`], whose slices the driver built with checked lengths: `w` (and `low`, for a
+//! pair) holds `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 32 (the smallest
 //! tile K block), the block's scale, zero and offset tables hold 16 values per group (`[G][16]`), and the
-//! activation-scale and sum tables cover every row and group (checked once per block). The `unsafe`
+//! activation-scale and sum tables cover every row and group, and a pair has no zero-point or offset
+//! tables (checked once per block). The `unsafe`
 //! inner functions read only inside those.
 
 use std::arch::x86_64::*;
@@ -22,11 +25,12 @@ use crate::w4a8::block::Block;
 use crate::w4a8::params::Params;
 use crate::w4a8::round::{ROUND_MAGIC, quantize_one};
 
-/// Whether the block's scale, zero and offset tables hold 16 values per span (group), and its row terms one
-/// per row and group.
+/// Whether the block's scale, zero and offset tables hold 16 values per span (group), its row terms one
+/// per row and group, and an 8-bit pair has neither zero points nor offsets (its zero point is 128).
 fn params_cover(b: &Block) -> bool {
     let need = b.spans.len() * 16;
     b.w_scales.len() >= need
+        && (b.low.is_none() || (b.zeros.is_none() && b.offsets.is_none()))
         && b.zeros.is_none_or(|z| z.len() >= need)
         && b.offsets.is_none_or(|f| f.len() >= need)
         && b.terms.len() >= b.m * b.groups
@@ -141,20 +145,20 @@ macro_rules! rows_avx2_fn {
     ($name:ident, $features:literal, $params:ident) => {
         /// # Safety
         /// The CPU must support the enabled features; `b` must satisfy the block invariants (module docs),
-        /// `r0 + R ≤ m`, and `out` must hold `m × 16` values.
+        /// `r0 + R ≤ m`, and `out` must hold `m × 16` values; with `b.low`, it must be as long as `b.w`.
         #[target_feature(enable = $features)]
         unsafe fn $name<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
             let mask = _mm256_set1_epi8(0x0F);
             let ones = _mm256_set1_epi16(1);
             // An 8-bit pair's planes run one after the other, `acc = 16·Σ xq·hi + Σ xq·lo` (exact in i32):
             // its 8-bit codes as one operand would saturate vpmaddubsw's pair sums.
-            let planes = [Some(b.w.as_ptr()), b.low.map(<[u8]>::as_ptr)];
+            let (high_plane, low_plane) = (b.w.as_ptr(), b.low.map(<[u8]>::as_ptr));
             let prefetch = b.m <= PREFETCH_MAX_ROWS;
             for (g, span) in b.spans.iter().enumerate() {
                 let mut acc = [[_mm256_setzero_si256(); 2]; R];
-                for (plane, w) in planes.iter().enumerate() {
-                    let Some(w) = *w else { continue };
-                    if plane == 1 {
+                for w in std::iter::once(high_plane).chain(low_plane) {
+                    if w != high_plane {
+                        // The low plane: what the high plane summed weighs 16 times as much.
                         for acc in acc.iter_mut() {
                             acc[0] = _mm256_slli_epi32::<4>(acc[0]);
                             acc[1] = _mm256_slli_epi32::<4>(acc[1]);
@@ -299,8 +303,8 @@ pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
 ///
 /// `PAIR`: the block is an 8-bit pair ([`Block::low`]). Each quad's codes are `16·hi + lo`, merged from
 /// the two planes' nibbles (a shift and a bitwise select per quad) into one unsigned byte operand, so a
-/// chunk takes one `vpdpbusd` per quad and row, as a 4-bit block does; `Σ xq·u` stays within i32 (32
-/// products of at most 255·127 per group).
+/// chunk takes one `vpdpbusd` per quad and row, as a 4-bit block does; `Σ xq·u` stays within i32 (a
+/// group's products are at most 255·127 each, so groups of up to 66,000 inputs fit).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL and VNNI; `b` must satisfy the block invariants (module docs),
@@ -313,7 +317,7 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
     out: &mut [f32],
 ) {
     let mask = _mm512_set1_epi8(0x0F);
-    let high = _mm512_set1_epi8(0xF0u8 as i8);
+    let high_nibbles = _mm512_set1_epi8(0xF0u8 as i8);
     let w = b.w.as_ptr();
     let low = b.low.map_or(w, <[u8]>::as_ptr);
     let prefetch = b.m <= PREFETCH_MAX_ROWS;
@@ -339,8 +343,8 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
                     // second's. Shifts by 4 within 16-bit lanes move each byte's nibble into place; the bits
                     // crossing a byte boundary fall where the select takes the other operand.
                     (
-                        _mm512_ternarylogic_epi32::<0xE4>(_mm512_slli_epi16::<4>(v), l, high),
-                        _mm512_ternarylogic_epi32::<0xE4>(v, _mm512_srli_epi16::<4>(l), high),
+                        _mm512_ternarylogic_epi32::<0xE4>(_mm512_slli_epi16::<4>(v), l, high_nibbles),
+                        _mm512_ternarylogic_epi32::<0xE4>(v, _mm512_srli_epi16::<4>(l), high_nibbles),
                     )
                 } else {
                     (_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask))
