@@ -98,7 +98,8 @@ pub const GEMM_F16_WIDEN_ROWS: usize = 256;
 #[derive(Clone, Copy, Debug)]
 pub struct VectorOps {
     tok: Option<Avx2Fma>,
-    /// Where AVX-512 runs, the GEMM takes 16 columns per register (the same chains, so the same bits).
+    /// Where AVX-512 runs, the GEMM takes 16 columns per register and the softmax numerator 16 lanes (the
+    /// same arithmetic per value, so the same bits).
     wide: Option<Avx512>,
     /// Whether F16C is usable beside AVX2 (checked on the live CPU): f16 widens eight at a time.
     f16c: bool,
@@ -355,6 +356,9 @@ impl VectorOps {
     /// overflows and the largest term is 1; a `−∞` element (a masked score) becomes 0.
     pub fn softmax_exp(&self, x: &mut [f32], max: f32, scale: f32) -> f32 {
         match self.tok {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX-512F, AVX2 and FMA; `x` holds `x.len()` floats.
+            Some(_) if self.wide.is_some() => unsafe { avx512::softmax_exp(x.as_mut_ptr(), x.len(), max, scale) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves AVX2 and FMA; `x` holds `x.len()` floats.
             Some(_) => unsafe { avx2::softmax_exp(x.as_mut_ptr(), x.len(), max, scale) },
@@ -703,9 +707,25 @@ mod avx2 {
     /// The CPU must support AVX2 and FMA; `x` readable and writable for `len` floats.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn softmax_exp(x: *mut f32, len: usize, max: f32, scale: f32) -> f32 {
+        // SAFETY: the caller's contract, from the first element.
+        unsafe { softmax_exp_from(x, len, max, scale, 0, _mm256_setzero_ps()) }
+    }
+
+    /// [`softmax_exp`] from element `i` on, its eight-lane sum continuing from `acc` (the sum of the eight
+    /// lanes of elements `0..i`, `i` a multiple of 8).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `x` readable and writable for `len` floats; `i ≤ len`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax_exp_from(
+        x: *mut f32,
+        len: usize,
+        max: f32,
+        scale: f32,
+        mut i: usize,
+        mut acc: __m256,
+    ) -> f32 {
         let (vm, vs) = (_mm256_set1_ps(max), _mm256_set1_ps(scale));
-        let mut acc = _mm256_setzero_ps();
-        let mut i = 0;
         while i + 8 <= len {
             // SAFETY: i + 8 <= len.
             unsafe {
@@ -919,12 +939,70 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    //! The AVX-512 GEMM: [`super::avx2`]'s with 16 columns per register. Each output is the same FMA chain
-    //! over `p` in order, so the results are bit for bit the AVX2 ones. B is f32, or f16 (`F16`) widened
-    //! in registers as it is loaded: `vcvtph2ps` is exact, so the chains, and the bits, are those against
-    //! the widened values. Callers hold an [`Avx512`](crate::isa::Avx512) token.
+    //! The AVX-512 GEMM and softmax numerator, each to the AVX2 variant's bits. The GEMM is
+    //! [`super::avx2`]'s with 16 columns per register: each output is the same FMA chain over `p` in order.
+    //! B is f32, or f16 (`F16`) widened in registers as it is loaded: `vcvtph2ps` is exact, so the chains,
+    //! and the bits, are those against the widened values. Callers hold an [`Avx512`](crate::isa::Avx512)
+    //! token.
 
     use std::arch::x86_64::*;
+
+    use super::{EXP_MAX, EXP_MIN, LN2_HI, LN2_LO, LOG2E, P0, P1, P2, P3, P4, P5, ROUND};
+
+    /// `exp` of sixteen lanes: [`super::avx2`]'s eight-lane `exp` instruction for instruction (the same
+    /// clamp, fused multiply-adds, rounding, exponent field and fix-ups, as masks), so every lane gets the
+    /// bits the AVX2 variant gives it.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp16(x: __m512) -> __m512 {
+        let xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(EXP_MAX)), _mm512_set1_ps(EXP_MIN));
+        let round = _mm512_set1_ps(ROUND);
+        let n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(LOG2E), round), round);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_fmadd_ps(_mm512_set1_ps(P0), r, _mm512_set1_ps(P1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+        let e = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0));
+        let pow = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
+        let y = _mm512_mul_ps(e, _mm512_castsi512_ps(pow));
+        // Ordered, non-signalling compares: false for NaN lanes.
+        let y = _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_MIN)), y);
+        let y = _mm512_mask_mov_ps(
+            y,
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP_MAX)),
+            _mm512_set1_ps(f32::INFINITY),
+        );
+        _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x)
+    }
+
+    /// [`super::avx2::softmax_exp`] sixteen values at a time, to its bits: each lane's `exp` is the AVX2
+    /// one's ([`exp16`]), and the eight-lane sum takes each vector's low half, then its high half, the
+    /// order in which the AVX2 loop adds the same values. The last fewer than sixteen go to the AVX2 loop,
+    /// its sum continuing.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA; `x` readable and writable for `len` floats.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn softmax_exp(x: *mut f32, len: usize, max: f32, scale: f32) -> f32 {
+        let (vm, vs) = (_mm512_set1_ps(max), _mm512_set1_ps(scale));
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= len {
+            // SAFETY: i + 16 <= len.
+            unsafe {
+                let e = exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x.add(i)), vm), vs));
+                _mm512_storeu_ps(x.add(i), e);
+                acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+                acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))));
+            }
+            i += 16;
+        }
+        // SAFETY: the caller's contract; i ≤ len is a multiple of 8.
+        unsafe { super::avx2::softmax_exp_from(x, len, max, scale, i, acc) }
+    }
 
     /// `dst[i]` = the f16 `src[i]` (raw bits) widened, sixteen at a time, the tail one at a time.
     ///
@@ -1163,6 +1241,65 @@ mod tests {
                         let want = op.dot(&q, &keys[j * stride..j * stride + len]);
                         assert_eq!(o.to_bits(), want.to_bits(), "len {len} n {n} key {j}");
                     }
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 softmax numerator gives every value and the sum the AVX2 variant's bits: lengths around
+    /// the 16- and 8-value vectors and the partial tail, long rows, masked (−∞) scores, a NaN score, the
+    /// edges of `exp`'s range (`EXP_MIN`, `EXP_MAX` and the floats either side, ±∞), and maxima and scales
+    /// beyond what attention passes (the row's least value, ±∞, NaN; a zero or negative scale, for which the
+    /// −∞ padding of a partial tail gives NaN lanes that both variants must add alike).
+    #[test]
+    fn softmax_exp_on_avx512_gives_the_avx2_bits() {
+        let caps = IsaCaps::process();
+        let (wide, narrow) = (VectorOps::new(), VectorOps::with_caps(&caps.with_max_level(IsaLevel::Avx2)));
+        if wide.wide.is_none() || narrow.tok.is_none() {
+            let msg = "softmax_exp_on_avx512: SKIPPED (no AVX-512 in this process: the CPU, or INT4_ISA, caps it)";
+            assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "{msg}");
+            return eprintln!("{msg}");
+        }
+        assert!(narrow.wide.is_none(), "the AVX2 cap leaves AVX-512 off");
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let check = |x: &[f32], max: f32, scale: f32, what: &str| {
+            let (mut a, mut b) = (x.to_vec(), x.to_vec());
+            let (sa, sb) = (wide.softmax_exp(&mut a, max, scale), narrow.softmax_exp(&mut b, max, scale));
+            let len = x.len();
+            assert_eq!(bits(&a), bits(&b), "values, len {len}, {what}, max {max}, scale {scale}");
+            assert_eq!(sa.to_bits(), sb.to_bits(), "sum, len {len}, {what}, max {max}, scale {scale}");
+        };
+        // With max 0 and scale 1 each argument is its value: `exp`'s clamps, flush to 0 and overflow to ∞.
+        let below = |v: f32| f32::from_bits(v.to_bits() + 1); // one float further from zero, for v < 0
+        let above = |v: f32| f32::from_bits(v.to_bits() + 1); // one float further from zero, for v > 0
+        let edges = [EXP_MIN, below(EXP_MIN), EXP_MAX, above(EXP_MAX), f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        for n in [4, edges.len()] {
+            // The first four are finite (a finite sum); the rest add ±∞ and NaN.
+            let row: Vec<f32> = (0..37).map(|i| edges[i % n]).collect();
+            for len in [7usize, 8, 16, 23, 37] {
+                check(&row[..len], 0.0, 1.0, "exp's edges");
+            }
+        }
+        let lens = (0usize..=49).chain([63, 64, 65, 200, 513, 2457]);
+        for len in lens {
+            let base: Vec<f32> = (0..len).map(|i| ((i * 7919 % 1009) as f32 - 500.0) * 0.37).collect();
+            let mut masked = base.clone();
+            for i in (3..len).step_by(5) {
+                masked[i] = f32::NEG_INFINITY;
+            }
+            let mut nan = base.clone();
+            if len > 0 {
+                nan[len / 2] = f32::NAN;
+            }
+            for (x, what) in [(&base, "plain"), (&masked, "masked"), (&nan, "a NaN")] {
+                let max = narrow.max(x);
+                // 0.125: SmolLM2's 1/√64; 2.0 and 40.0 push most arguments below `exp`'s range.
+                for scale in [0.125f32, 2.0, 40.0, 0.0, -1.0] {
+                    check(x, max, scale, what);
+                }
+                let least = x.iter().copied().fold(f32::INFINITY, f32::min);
+                for max in [least, f32::NEG_INFINITY, f32::INFINITY, f32::NAN] {
+                    check(x, max, 0.125, what);
                 }
             }
         }
