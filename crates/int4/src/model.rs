@@ -295,6 +295,12 @@ fn attention(
             i = j;
         }
     }
+    // Longest first, each task a job of its own (below): a thread that finishes takes the longest task
+    // left. A decode row deep into a long chat reads its keys and values for ~60 µs a layer, a short one
+    // for ~3 µs; split in halves as rayon splits a slice, the long ones could all land in one thread's
+    // half, the other thread waiting at the end. Each task computes its rows alone, so neither the order
+    // nor the split changes a result.
+    tasks.sort_by_key(|&(i0, r, ..)| std::cmp::Reverse(r * (pos[i0 + r - 1] + 1)));
     let flops: usize = tasks.iter().map(|&(i0, r, ..)| 4 * r * (pos[i0 + r - 1] + 1) * group * hd).sum();
     let parallel = flops >= ATTN_PARALLEL_FLOPS;
     // Each prefill run's keys, transposed once per KV head (`[hd][ld]`, ld the run's keys rounded up to
@@ -343,7 +349,7 @@ fn attention(
         attend_block(ops, shape, qkv, (&cache.k[li], &cache.v[li], cache.heads()), keys_t, vw, kvh, i0, r, pos[i0])
     };
     let outs: Vec<Vec<f32>> =
-        if parallel { tasks.par_iter().map(run).collect() } else { tasks.iter().map(run).collect() };
+        if parallel { tasks.par_iter().with_max_len(1).map(run).collect() } else { tasks.iter().map(run).collect() };
     let gw = group * hd;
     for (&(i0, r, kvh, _), out) in tasks.iter().zip(&outs) {
         for t in 0..r {
