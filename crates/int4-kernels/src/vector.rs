@@ -1354,7 +1354,8 @@ mod tests {
     /// `dots_heads_f16` gives every head and key the bits `dots_heads` gives against the same keys
     /// widened, on every variant this CPU runs (AVX-512 with F16C, AVX2 with F16C, portable), for head
     /// sizes with and without whole 32-value steps, eight-value steps and scalar tails, key counts around
-    /// the eight-key blocks, and one to six heads (AVX-512 widens each key once for up to four).
+    /// the eight-key blocks, and one to six heads (AVX-512 widens each key once for up to four, and for head
+    /// sizes 64 and 128 holds the queries of up to three and two heads in registers).
     #[test]
     fn dots_heads_against_f16_keys_are_bit_for_bit_against_the_widened_keys() {
         let caps = IsaCaps::process();

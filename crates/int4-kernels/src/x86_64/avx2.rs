@@ -298,19 +298,39 @@ pub unsafe fn dot_f32(a: *const f32, b: *const f32, len: usize) -> f32 {
 }
 
 /// The horizontal sums of eight vectors at once, each added in [`hsum`]'s order
-/// (`((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`), so each is bit for bit `hsum(v[t])`.
+/// (`((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`), so each is bit for bit `hsum(v[t])`. Written as
+/// its three stages, [`hsum8_halves`] (of vectors 0 and 1, 2 and 3, 4 and 5, 6 and 7), [`hsum8_pairs`] (of
+/// the first two results, and of the last two) and [`hsum8_finish`], which a caller short of registers
+/// runs as it makes the vectors instead of holding all eight.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) fn hsum8(v: [__m256; 8]) -> [f32; 8] {
-    // Halves added: [v_t.lo + v_t.hi | v_t+1.lo + v_t+1.hi] for the pairs (0, 1), (2, 3), (4, 5), (6, 7).
-    let half = |x: __m256, y: __m256| {
-        _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(x, y), _mm256_permute2f128_ps::<0x31>(x, y))
-    };
-    let (s01, s23, s45, s67) = (half(v[0], v[1]), half(v[2], v[3]), half(v[4], v[5]), half(v[6], v[7]));
-    // (s0 + s2, s1 + s3) of each: [k0 | k1] and [k2 | k3] become [k0, k2 | k1, k3].
-    let pairs = |x: __m256, y: __m256| _mm256_add_ps(_mm256_shuffle_ps::<0x44>(x, y), _mm256_shuffle_ps::<0xEE>(x, y));
-    let (t0123, t4567) = (pairs(s01, s23), pairs(s45, s67));
-    // t0 + t1 of each: lanes hold keys 0, 2, 4, 6, 1, 3, 5, 7.
+    let (s01, s23) = (hsum8_halves(v[0], v[1]), hsum8_halves(v[2], v[3]));
+    let (s45, s67) = (hsum8_halves(v[4], v[5]), hsum8_halves(v[6], v[7]));
+    hsum8_finish(hsum8_pairs(s01, s23), hsum8_pairs(s45, s67))
+}
+
+/// [`hsum8`]'s first stage, for vectors `x` and `y` (t and t + 1, t even): `[x.lo + x.hi | y.lo + y.hi]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum8_halves(x: __m256, y: __m256) -> __m256 {
+    _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(x, y), _mm256_permute2f128_ps::<0x31>(x, y))
+}
+
+/// [`hsum8`]'s second stage, for the first stage of vectors t, t + 1 (`x`) and of t + 2, t + 3 (`y`):
+/// (s0 + s2, s1 + s3) of each vector, so `[k0 | k1]` and `[k2 | k3]` become `[k0, k2 | k1, k3]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum8_pairs(x: __m256, y: __m256) -> __m256 {
+    _mm256_add_ps(_mm256_shuffle_ps::<0x44>(x, y), _mm256_shuffle_ps::<0xEE>(x, y))
+}
+
+/// [`hsum8`]'s last stage, from the second stage of vectors 0–3 and of 4–7: t0 + t1 of each vector, in
+/// vector order.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum8_finish(t0123: __m256, t4567: __m256) -> [f32; 8] {
+    // Lanes hold vectors 0, 2, 4, 6, 1, 3, 5, 7.
     let sums = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(t0123, t4567), _mm256_shuffle_ps::<0xDD>(t0123, t4567));
     let mut lanes = [0.0f32; 8];
     // SAFETY: `lanes` holds eight floats.

@@ -727,7 +727,8 @@ unsafe fn dot_lanes_f16_heads<const CH: usize>(
 
 /// [`super::avx2::dots_heads_f16`] with sixteen values per FMA: every score bit for bit
 /// [`dots_heads_f32`]'s against the widened keys. Up to four query heads at a time share each key's
-/// widening ([`dot_lanes_f16_heads`]); eight keys' lanes are summed horizontally at a time, as in
+/// widening ([`dot_lanes_f16_heads`]); for head sizes 64 and 128, up to three and two heads, whose queries
+/// stay in registers ([`dots_heads_f16_held`]). Eight keys' lanes are summed horizontally at a time, as in
 /// [`dots_heads_f32`].
 ///
 /// # Safety
@@ -743,22 +744,136 @@ pub unsafe fn dots_heads_f16(
     n: usize,
     out: *mut f32,
 ) {
+    // Head sizes of 64 and 128 (most models') hold each head's query in registers for every key; the
+    // general loop loads it again for every key. As many heads share a pass as leave room for that.
+    let held = match len {
+        64 => 3,
+        128 => 2,
+        _ => 0,
+    };
     let mut h0 = 0;
     while h0 < heads {
-        let ch = (heads - h0).min(4);
+        let ch = (heads - h0).min(if held > 0 { held } else { 4 });
         // SAFETY: heads h0..h0 + ch, h0 + ch ≤ heads: their queries are readable and their rows of `out` writable
-        // (this function's contract).
+        // (this function's contract); the held variants' head size is the `len` matched.
         unsafe {
             let (q, out) = (q.add(h0 * len), out.add(h0 * n));
-            match ch {
-                4 => dots_heads_f16_chunk::<4>(q, keys, stride, len, n, out),
-                3 => dots_heads_f16_chunk::<3>(q, keys, stride, len, n, out),
-                2 => dots_heads_f16_chunk::<2>(q, keys, stride, len, n, out),
+            match (len, ch) {
+                (64, 3) => dots_heads_f16_held::<3, 4>(q, keys, stride, n, out),
+                (64, 2) => dots_heads_f16_held::<2, 4>(q, keys, stride, n, out),
+                (64, _) => dots_heads_f16_held::<1, 4>(q, keys, stride, n, out),
+                (128, 2) => dots_heads_f16_held::<2, 8>(q, keys, stride, n, out),
+                (128, _) => dots_heads_f16_held::<1, 8>(q, keys, stride, n, out),
+                (_, 4) => dots_heads_f16_chunk::<4>(q, keys, stride, len, n, out),
+                (_, 3) => dots_heads_f16_chunk::<3>(q, keys, stride, len, n, out),
+                (_, 2) => dots_heads_f16_chunk::<2>(q, keys, stride, len, n, out),
                 _ => dots_heads_f16_chunk::<1>(q, keys, stride, len, n, out),
             }
         }
         h0 += ch;
     }
+}
+
+/// [`dots_heads_f16_chunk`] for `CH` heads of `16·Q` values (`Q` even), each head's query held in `Q`
+/// registers for every key (the dispatcher keeps `CH·Q` to at most 16): the same chains and lanes as
+/// [`dot_lanes_f16_heads`] (`Q/2` steps of 32 values, no partial step), so the same bits. Eight keys'
+/// lanes are folded into [`super::avx2::hsum8`]'s stages a pair of keys at a time, so a head holds at most
+/// three vectors of partial sums beside its query where holding all eight keys' lanes would spill.
+///
+/// # Safety
+/// As [`dots_heads_f16`], with `heads = CH` and `len = 16·Q`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn dots_heads_f16_held<const CH: usize, const Q: usize>(
+    q: *const f32,
+    keys: *const u16,
+    stride: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    use super::avx2::{hsum, hsum8_finish, hsum8_halves, hsum8_pairs};
+    let len = 16 * Q;
+    let mut qv = [[_mm512_setzero_ps(); Q]; CH];
+    for (h, qv) in qv.iter_mut().enumerate() {
+        for (v, qv) in qv.iter_mut().enumerate() {
+            // SAFETY: h < CH and 16·v + 16 ≤ len: within head h's query.
+            *qv = unsafe { _mm512_loadu_ps(q.add(h * len + 16 * v)) };
+        }
+    }
+    let mut j = 0;
+    while j + 8 <= n {
+        let mut pairs = [[_mm256_setzero_ps(); CH]; 2];
+        for (half, pairs) in pairs.iter_mut().enumerate() {
+            let mut halves = [[_mm256_setzero_ps(); CH]; 2];
+            for (quarter, halves) in halves.iter_mut().enumerate() {
+                let t = 4 * half + 2 * quarter;
+                // SAFETY: keys j + t and j + t + 1 (< j + 8 ≤ n) are readable for `len` halves.
+                let (a, b) = unsafe {
+                    (
+                        lanes_held::<CH, Q>(&qv, keys.add((j + t) * stride)),
+                        lanes_held::<CH, Q>(&qv, keys.add((j + t + 1) * stride)),
+                    )
+                };
+                for ((halves, &a), &b) in halves.iter_mut().zip(&a).zip(&b) {
+                    *halves = hsum8_halves(a, b);
+                }
+            }
+            for ((pairs, &lo), &hi) in pairs.iter_mut().zip(&halves[0]).zip(&halves[1]) {
+                *pairs = hsum8_pairs(lo, hi);
+            }
+        }
+        for (h, (&lo, &hi)) in pairs[0].iter().zip(&pairs[1]).enumerate() {
+            for (t, s) in hsum8_finish(lo, hi).into_iter().enumerate() {
+                // SAFETY: out[h·n + j + t] is writable for h < CH, j + t < n. (`len` is whole vectors: no
+                // scalar tail.)
+                unsafe { *out.add(h * n + j + t) = s };
+            }
+        }
+        j += 8;
+    }
+    while j < n {
+        // SAFETY: key j < n is readable.
+        let lanes = unsafe { lanes_held::<CH, Q>(&qv, keys.add(j * stride)) };
+        for (h, &lanes) in lanes.iter().enumerate() {
+            // SAFETY: out[h·n + j] is writable for h < CH, j < n.
+            unsafe { *out.add(h * n + j) = hsum(lanes) };
+        }
+        j += 1;
+    }
+}
+
+/// [`dot_lanes_f16_heads`] for a key of `16·Q` halves (`Q` even) against queries held in registers.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and F16C; `b` readable for `16·Q` halves.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn lanes_held<const CH: usize, const Q: usize>(qv: &[[__m512; Q]; CH], b: *const u16) -> [__m256; CH] {
+    let (mut c01, mut c23) = ([_mm512_setzero_ps(); CH], [_mm512_setzero_ps(); CH]);
+    let mut v = 0;
+    while v < Q {
+        // SAFETY: 16·v + 32 ≤ 16·Q, within the key.
+        let (k0, k1) = unsafe {
+            (
+                _mm512_cvtph_ps(_mm256_loadu_si256(b.add(16 * v).cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(b.add(16 * v + 16).cast())),
+            )
+        };
+        for h in 0..CH {
+            c01[h] = _mm512_fmadd_ps(qv[h][v], k0, c01[h]);
+            c23[h] = _mm512_fmadd_ps(qv[h][v + 1], k1, c23[h]);
+        }
+        v += 2;
+    }
+    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let mut lanes = [_mm256_setzero_ps(); CH];
+    for h in 0..CH {
+        lanes[h] = _mm256_add_ps(
+            _mm256_add_ps(_mm512_castps512_ps256(c01[h]), high(c01[h])),
+            _mm256_add_ps(_mm512_castps512_ps256(c23[h]), high(c23[h])),
+        );
+    }
+    lanes
 }
 
 /// [`dots_heads_f16`] for `CH` heads.
