@@ -1354,8 +1354,8 @@ mod tests {
     /// `dots_heads_f16` gives every head and key the bits `dots_heads` gives against the same keys
     /// widened, on every variant this CPU runs (AVX-512 with F16C, AVX2 with F16C, portable), for head
     /// sizes with and without whole 32-value steps, eight-value steps and scalar tails, key counts around
-    /// the eight-key blocks, and one to six heads (AVX-512 widens each key once for up to four, and for head
-    /// sizes 64 and 128 holds the queries of up to three and two heads in registers).
+    /// the eight-key blocks, and one to six heads (AVX-512 widens each key once for up to four, and holds the
+    /// queries of a group of up to three heads of 64 values or two of 128 in registers).
     #[test]
     fn dots_heads_against_f16_keys_are_bit_for_bit_against_the_widened_keys() {
         let caps = IsaCaps::process();
@@ -1365,6 +1365,8 @@ mod tests {
             let msg = "dots_heads_against_f16_keys: SKIPPED the SIMD variants (no F16C here)";
             assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "{msg}");
             eprintln!("{msg}");
+        } else if ops[0].wide.is_none() {
+            eprintln!("dots_heads_against_f16_keys: SKIPPED the AVX-512 variant (no AVX-512 here)");
         }
         for len in [1usize, 7, 8, 13, 16, 24, 32, 40, 64, 70, 128] {
             for n in [0usize, 1, 7, 8, 9, 16, 23] {

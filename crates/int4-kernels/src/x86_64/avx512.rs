@@ -727,9 +727,9 @@ unsafe fn dot_lanes_f16_heads<const CH: usize>(
 
 /// [`super::avx2::dots_heads_f16`] with sixteen values per FMA: every score bit for bit
 /// [`dots_heads_f32`]'s against the widened keys. Up to four query heads at a time share each key's
-/// widening ([`dot_lanes_f16_heads`]); for head sizes 64 and 128, up to three and two heads, whose queries
-/// stay in registers ([`dots_heads_f16_held`]). Eight keys' lanes are summed horizontally at a time, as in
-/// [`dots_heads_f32`].
+/// widening ([`dot_lanes_f16_heads`]); a group of up to three heads of 64 values or two of 128 runs in one
+/// pass with its queries in registers ([`dots_heads_f16_held`]). Eight keys' lanes are summed horizontally
+/// at a time, as in [`dots_heads_f32`].
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and F16C; `q` readable for `heads·len` floats, `keys` for
@@ -744,29 +744,41 @@ pub unsafe fn dots_heads_f16(
     n: usize,
     out: *mut f32,
 ) {
-    // Head sizes of 64 and 128 (most models') hold each head's query in registers for every key; the
-    // general loop loads it again for every key. As many heads share a pass as leave room for that.
-    let held = match len {
-        64 => 3,
-        128 => 2,
+    // A group of up to three heads of 64 values, or two of 128 (SmolLM2's and many small models'), runs in
+    // one pass with its queries held in registers ([`dots_heads_f16_held`]); any other group runs the
+    // general loop, four heads a pass, which loads each query again for every key. (Holding more heads
+    // would not fit the registers, and two held passes would read the keys twice.)
+    let q_regs = match (len, heads) {
+        (64, 1..=3) => 4,
+        (128, 1..=2) => 8,
         _ => 0,
     };
+    if q_regs > 0 {
+        // SAFETY: the group is `heads` heads of `len = 16·q_regs` values (matched above); the rest is this
+        // function's contract.
+        unsafe {
+            match (q_regs, heads) {
+                (4, 3) => dots_heads_f16_held::<3, 4>(q, keys, stride, n, out),
+                (4, 2) => dots_heads_f16_held::<2, 4>(q, keys, stride, n, out),
+                (4, 1) => dots_heads_f16_held::<1, 4>(q, keys, stride, n, out),
+                (8, 2) => dots_heads_f16_held::<2, 8>(q, keys, stride, n, out),
+                (8, 1) => dots_heads_f16_held::<1, 8>(q, keys, stride, n, out),
+                _ => unreachable!("held groups are matched above"),
+            }
+        }
+        return;
+    }
     let mut h0 = 0;
     while h0 < heads {
-        let ch = (heads - h0).min(if held > 0 { held } else { 4 });
+        let ch = (heads - h0).min(4);
         // SAFETY: heads h0..h0 + ch, h0 + ch ≤ heads: their queries are readable and their rows of `out` writable
-        // (this function's contract); the held variants' head size is the `len` matched.
+        // (this function's contract).
         unsafe {
             let (q, out) = (q.add(h0 * len), out.add(h0 * n));
-            match (len, ch) {
-                (64, 3) => dots_heads_f16_held::<3, 4>(q, keys, stride, n, out),
-                (64, 2) => dots_heads_f16_held::<2, 4>(q, keys, stride, n, out),
-                (64, _) => dots_heads_f16_held::<1, 4>(q, keys, stride, n, out),
-                (128, 2) => dots_heads_f16_held::<2, 8>(q, keys, stride, n, out),
-                (128, _) => dots_heads_f16_held::<1, 8>(q, keys, stride, n, out),
-                (_, 4) => dots_heads_f16_chunk::<4>(q, keys, stride, len, n, out),
-                (_, 3) => dots_heads_f16_chunk::<3>(q, keys, stride, len, n, out),
-                (_, 2) => dots_heads_f16_chunk::<2>(q, keys, stride, len, n, out),
+            match ch {
+                4 => dots_heads_f16_chunk::<4>(q, keys, stride, len, n, out),
+                3 => dots_heads_f16_chunk::<3>(q, keys, stride, len, n, out),
+                2 => dots_heads_f16_chunk::<2>(q, keys, stride, len, n, out),
                 _ => dots_heads_f16_chunk::<1>(q, keys, stride, len, n, out),
             }
         }
@@ -775,10 +787,11 @@ pub unsafe fn dots_heads_f16(
 }
 
 /// [`dots_heads_f16_chunk`] for `CH` heads of `16·Q` values (`Q` even), each head's query held in `Q`
-/// registers for every key (the dispatcher keeps `CH·Q` to at most 16): the same chains and lanes as
-/// [`dot_lanes_f16_heads`] (`Q/2` steps of 32 values, no partial step), so the same bits. Eight keys'
-/// lanes are folded into [`super::avx2::hsum8`]'s stages a pair of keys at a time, so a head holds at most
-/// three vectors of partial sums beside its query where holding all eight keys' lanes would spill.
+/// registers for every key: the same chains and lanes as [`dot_lanes_f16_heads`] (`Q/2` steps of 32
+/// values, no partial step), so the same bits. Eight keys' lanes are folded into
+/// [`super::avx2::hsum8`]'s stages a pair of keys at a time, so a head holds at most three vectors of
+/// partial sums beside its query and its two chains, where holding all eight keys' lanes would spill:
+/// `CH·(Q + 5) + 2` vectors live, 29 of the 32 registers for three heads of 64, 28 for two of 128.
 ///
 /// # Safety
 /// As [`dots_heads_f16`], with `heads = CH` and `len = 16·Q`.
@@ -792,48 +805,50 @@ unsafe fn dots_heads_f16_held<const CH: usize, const Q: usize>(
     out: *mut f32,
 ) {
     use super::avx2::{hsum, hsum8_finish, hsum8_halves, hsum8_pairs};
+    const { assert!(Q > 0 && Q.is_multiple_of(2), "a held query is whole steps of 32 values") };
     let len = 16 * Q;
-    let mut qv = [[_mm512_setzero_ps(); Q]; CH];
-    for (h, qv) in qv.iter_mut().enumerate() {
-        for (v, qv) in qv.iter_mut().enumerate() {
+    let mut queries = [[_mm512_setzero_ps(); Q]; CH];
+    for (h, query) in queries.iter_mut().enumerate() {
+        for (v, part) in query.iter_mut().enumerate() {
             // SAFETY: h < CH and 16·v + 16 ≤ len: within head h's query.
-            *qv = unsafe { _mm512_loadu_ps(q.add(h * len + 16 * v)) };
+            *part = unsafe { _mm512_loadu_ps(q.add(h * len + 16 * v)) };
         }
     }
     let mut j = 0;
     while j + 8 <= n {
-        let mut pairs = [[_mm256_setzero_ps(); CH]; 2];
-        for (half, pairs) in pairs.iter_mut().enumerate() {
-            let mut halves = [[_mm256_setzero_ps(); CH]; 2];
-            for (quarter, halves) in halves.iter_mut().enumerate() {
-                let t = 4 * half + 2 * quarter;
+        // `hsum8`'s stages for keys j..j + 8 (t = 0, 2, 4, 6: the pairs of keys t and t + 1), per head.
+        let mut fours = [[_mm256_setzero_ps(); CH]; 2];
+        for (quad, four) in fours.iter_mut().enumerate() {
+            let mut twos = [[_mm256_setzero_ps(); CH]; 2];
+            for (pair, two) in twos.iter_mut().enumerate() {
+                let t = 4 * quad + 2 * pair;
                 // SAFETY: keys j + t and j + t + 1 (< j + 8 ≤ n) are readable for `len` halves.
                 let (a, b) = unsafe {
                     (
-                        lanes_held::<CH, Q>(&qv, keys.add((j + t) * stride)),
-                        lanes_held::<CH, Q>(&qv, keys.add((j + t + 1) * stride)),
+                        lanes_held::<CH, Q>(&queries, keys.add((j + t) * stride)),
+                        lanes_held::<CH, Q>(&queries, keys.add((j + t + 1) * stride)),
                     )
                 };
-                for ((halves, &a), &b) in halves.iter_mut().zip(&a).zip(&b) {
-                    *halves = hsum8_halves(a, b);
+                for ((two, &a), &b) in two.iter_mut().zip(&a).zip(&b) {
+                    *two = hsum8_halves(a, b);
                 }
             }
-            for ((pairs, &lo), &hi) in pairs.iter_mut().zip(&halves[0]).zip(&halves[1]) {
-                *pairs = hsum8_pairs(lo, hi);
+            for ((four, &lo), &hi) in four.iter_mut().zip(&twos[0]).zip(&twos[1]) {
+                *four = hsum8_pairs(lo, hi);
             }
         }
-        for (h, (&lo, &hi)) in pairs[0].iter().zip(&pairs[1]).enumerate() {
+        for (h, (&lo, &hi)) in fours[0].iter().zip(&fours[1]).enumerate() {
+            // `len` is whole vectors, so there is no scalar tail (`dot_tail_f16` would add nothing).
             for (t, s) in hsum8_finish(lo, hi).into_iter().enumerate() {
-                // SAFETY: out[h·n + j + t] is writable for h < CH, j + t < n. (`len` is whole vectors: no
-                // scalar tail.)
+                // SAFETY: out[h·n + j + t] is writable for h < CH, j + t < n.
                 unsafe { *out.add(h * n + j + t) = s };
             }
         }
         j += 8;
     }
     while j < n {
-        // SAFETY: key j < n is readable.
-        let lanes = unsafe { lanes_held::<CH, Q>(&qv, keys.add(j * stride)) };
+        // SAFETY: key j < n is readable for `len` halves.
+        let lanes = unsafe { lanes_held::<CH, Q>(&queries, keys.add(j * stride)) };
         for (h, &lanes) in lanes.iter().enumerate() {
             // SAFETY: out[h·n + j] is writable for h < CH, j < n.
             unsafe { *out.add(h * n + j) = hsum(lanes) };
@@ -842,13 +857,15 @@ unsafe fn dots_heads_f16_held<const CH: usize, const Q: usize>(
     }
 }
 
-/// [`dot_lanes_f16_heads`] for a key of `16·Q` halves (`Q` even) against queries held in registers.
+/// [`dot_lanes_f16_heads`] for a key of `16·Q` halves against queries held in registers.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX2, FMA and F16C; `b` readable for `16·Q` halves.
+/// The CPU must support AVX-512F, AVX2, FMA and F16C; `b` readable for `16·Q` halves; `Q` even (checked
+/// when the function is instantiated).
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn lanes_held<const CH: usize, const Q: usize>(qv: &[[__m512; Q]; CH], b: *const u16) -> [__m256; CH] {
+    const { assert!(Q > 0 && Q.is_multiple_of(2), "a held query is whole steps of 32 values") };
     let (mut c01, mut c23) = ([_mm512_setzero_ps(); CH], [_mm512_setzero_ps(); CH]);
     let mut v = 0;
     while v < Q {
