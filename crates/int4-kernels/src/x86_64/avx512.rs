@@ -605,6 +605,16 @@ pub unsafe fn gemm_microkernel_bf16<const MR: usize, const L: usize>(
     }
 }
 
+/// The AVX2 dot product's eight lanes, `(c0 + c1) + (c2 + c3)`, from its chains held on 512 bits: `c0`
+/// (the low half of `c01`, with any partial step added), the high half of `c01` (`c1`) and the two halves
+/// of `c23`. Every 512-bit lanes function ends here, so they all combine their chains in one order.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn combined_lanes(c0: __m256, c01: __m512, c23: __m512) -> __m256 {
+    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    _mm256_add_ps(_mm256_add_ps(c0, high(c01)), _mm256_add_ps(_mm512_castps512_ps256(c23), high(c23)))
+}
+
 /// [`super::avx2::dot_f32`]'s lanes before the horizontal sum, sixteen floats per FMA: its chains `c0, c1`
 /// are the halves of one 512-bit accumulator and `c2, c3` of another (a 512-bit load of sixteen floats is
 /// the two 8-float loads of `c0` and `c1`), the last partial 32-float step goes to `c0` eight at a time,
@@ -625,14 +635,13 @@ unsafe fn dot_lanes_f32(a: *const f32, b: *const f32, len: usize) -> __m256 {
         }
         i += 32;
     }
-    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     let mut c0 = _mm512_castps512_ps256(c01);
     while i + 8 <= len {
         // SAFETY: i + 8 <= len.
         unsafe { c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), c0) };
         i += 8;
     }
-    _mm256_add_ps(_mm256_add_ps(c0, high(c01)), _mm256_add_ps(_mm512_castps512_ps256(c23), high(c23)))
+    combined_lanes(c0, c01, c23)
 }
 
 /// [`super::avx2::dots_heads_f32`] with sixteen floats per FMA: every score bit for bit the AVX2 one.
@@ -700,7 +709,6 @@ unsafe fn dot_lanes_f16_heads<const CH: usize>(
         }
         i += 32;
     }
-    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     let mut c0 = [_mm256_setzero_ps(); CH];
     for h in 0..CH {
         c0[h] = _mm512_castps512_ps256(c01[h]);
@@ -717,10 +725,7 @@ unsafe fn dot_lanes_f16_heads<const CH: usize>(
     }
     let mut lanes = [_mm256_setzero_ps(); CH];
     for h in 0..CH {
-        lanes[h] = _mm256_add_ps(
-            _mm256_add_ps(c0[h], high(c01[h])),
-            _mm256_add_ps(_mm512_castps512_ps256(c23[h]), high(c23[h])),
-        );
+        lanes[h] = combined_lanes(c0[h], c01[h], c23[h]);
     }
     lanes
 }
@@ -748,24 +753,19 @@ pub unsafe fn dots_heads_f16(
     // one pass with its queries held in registers ([`dots_heads_f16_held`]); any other group runs the
     // general loop, four heads a pass, which loads each query again for every key. (Holding more heads
     // would not fit the registers, and two held passes would read the keys twice.)
-    let q_regs = match (len, heads) {
-        (64, 1..=3) => 4,
-        (128, 1..=2) => 8,
-        _ => 0,
+    type Held = unsafe fn(*const f32, *const u16, usize, usize, *mut f32);
+    let held: Option<Held> = match (len, heads) {
+        (64, 3) => Some(dots_heads_f16_held::<3, 4>),
+        (64, 2) => Some(dots_heads_f16_held::<2, 4>),
+        (64, 1) => Some(dots_heads_f16_held::<1, 4>),
+        (128, 2) => Some(dots_heads_f16_held::<2, 8>),
+        (128, 1) => Some(dots_heads_f16_held::<1, 8>),
+        _ => None,
     };
-    if q_regs > 0 {
-        // SAFETY: the group is `heads` heads of `len = 16·q_regs` values (matched above); the rest is this
-        // function's contract.
-        unsafe {
-            match (q_regs, heads) {
-                (4, 3) => dots_heads_f16_held::<3, 4>(q, keys, stride, n, out),
-                (4, 2) => dots_heads_f16_held::<2, 4>(q, keys, stride, n, out),
-                (4, 1) => dots_heads_f16_held::<1, 4>(q, keys, stride, n, out),
-                (8, 2) => dots_heads_f16_held::<2, 8>(q, keys, stride, n, out),
-                (8, 1) => dots_heads_f16_held::<1, 8>(q, keys, stride, n, out),
-                _ => unreachable!("held groups are matched above"),
-            }
-        }
+    if let Some(held) = held {
+        // SAFETY: the variant matched is for `heads` heads of `len` values (its `CH` and `16·Q`); the rest
+        // is this function's contract.
+        unsafe { held(q, keys, stride, n, out) };
         return;
     }
     let mut h0 = 0;
@@ -882,13 +882,9 @@ unsafe fn lanes_held<const CH: usize, const Q: usize>(qv: &[[__m512; Q]; CH], b:
         }
         v += 2;
     }
-    let high = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     let mut lanes = [_mm256_setzero_ps(); CH];
     for h in 0..CH {
-        lanes[h] = _mm256_add_ps(
-            _mm256_add_ps(_mm512_castps512_ps256(c01[h]), high(c01[h])),
-            _mm256_add_ps(_mm512_castps512_ps256(c23[h]), high(c23[h])),
-        );
+        lanes[h] = combined_lanes(_mm512_castps512_ps256(c01[h]), c01[h], c23[h]);
     }
     lanes
 }
