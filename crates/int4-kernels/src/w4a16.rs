@@ -457,9 +457,10 @@ impl W4A16Linear {
     /// The decode kernel for `m` rows, each row's result bit for bit what [`W4A16Linear::decode`] gives it
     /// alone: one pass over the weights for all rows, each row's sums on the accumulator chains of a
     /// one-row pass. The AVX-512 kernels (bf16 and f32) unpack each block's codes once for up to
-    /// [`EXACT_ROWS`] rows, each row keeping its own chains; the AVX2 and portable ones take the block a
-    /// row at a time (from cache after the first). ([`W4A16Linear::decode`] takes up to four rows per
-    /// pass, each on fewer chains, so its rows' sums round otherwise.)
+    /// [`EXACT_ROWS`] rows, each row keeping its own chains; the AVX2 kernel keeps one chain per row and
+    /// lane in every pass, so any pass is exact; the portable one takes the block a row at a time (from
+    /// cache after the first). ([`W4A16Linear::decode`] on AVX-512 takes up to four rows per pass, each on
+    /// fewer chains, so its rows' sums round otherwise.)
     pub fn decode_rows_exact(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
         self.decode_passes(x, m, out, EXACT_ROWS, true)
     }
@@ -482,7 +483,7 @@ impl W4A16Linear {
         let g_len = w.group.len(k);
         let groups = w.group.groups(k);
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
-        let loops = match self.kernels.decode() {
+        match self.kernels.decode() {
             BoundKernel::W4a16DecodeAvx512Bf16(bt) => {
                 // The bf16 kernel's operands: activation pairs rounded to bf16, and their group sums.
                 let (pairs, sums) = bf16_pairs_and_sums(x, m, k, g_len);
@@ -497,11 +498,15 @@ impl W4A16Linear {
                 self.decode_avx512(tok, None, x, m, Passes { rows, one_row_chains }, &xs, &mut tiles);
                 return self.finish(&tiles, m, out);
             }
-            BoundKernel::W4a16DecodeAvx2(tok) => InnerLoops::Avx2(tok),
-            BoundKernel::W4a16DecodePortable => InnerLoops::Portable,
+            BoundKernel::W4a16DecodeAvx2(tok) => {
+                let xs = portable::group_sums(x, m, k, g_len);
+                self.decode_avx2_blocks(tok, x, m, rows, &xs, &mut tiles);
+                return self.finish(&tiles, m, out);
+            }
+            BoundKernel::W4a16DecodePortable => {}
             other => return Err(wrong_family(other)),
-        };
-        // The AVX2 and portable kernels have no row count whose chains per row are a one-row pass's.
+        }
+        // The portable kernel has no row count whose chains per row are a one-row pass's.
         let rows = if one_row_chains { 1 } else { rows };
         let xs = portable::group_sums(x, m, k, g_len);
         // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
@@ -514,10 +519,7 @@ impl W4A16Linear {
                 let xr = &x[r0 * k..];
                 let xsr = &xs[r0 * groups..];
                 let t = &mut tile[r0 * 16..(r0 + mr) * 16];
-                match loops {
-                    InnerLoops::Avx2(tok) => decode_avx2(tok, mr, xr, k, xsr, lb, stride, sz, g_len, t),
-                    InnerLoops::Portable => portable::decode_lane_group(mr, xr, k, xsr, lb, stride, sz, k, g_len, t),
-                }
+                portable::decode_lane_group(mr, xr, k, xsr, lb, stride, sz, k, g_len, t);
                 r0 += mr;
             }
         });
@@ -623,6 +625,47 @@ impl W4A16Linear {
                     let tiles = &mut chunk[i * m * 16..(i + width) * m * 16];
                     let rows = TileRows { tiles, m, r0, mr, width, one_row_chains };
                     decode_avx512_checked(tok, xr, k, xsr, bytes, l.stride, sz, g_len, rows);
+                    i += width;
+                }
+                r0 += mr;
+            }
+        });
+    }
+
+    /// The AVX2 decode into `tiles` (`[lanes][m][16]`), four lane groups per task, every row on one FMA
+    /// chain per lane and half ([`crate::x86_64::avx2::decode_lanes`]): so every pass gives a row its
+    /// one-row bits, and `one_row_chains` costs nothing. Lane groups that share a stride (a task's two
+    /// 32-channel blocks, or one 64-channel block) run side by side, as many as keep eight chains: four for
+    /// one row, two for two, one for more.
+    fn decode_avx2_blocks(&self, tok: Avx2Fma, x: &[f32], m: usize, rows: usize, xs: &[f32], tiles: &mut [f32]) {
+        let w = &self.weights;
+        let k = w.k;
+        let (g_len, groups) = (w.group.len(k), w.group.groups(k));
+        let min_tasks = (65536 / (64 * k)).max(1);
+        tiles.par_chunks_mut(4 * m * 16).with_min_len(min_tasks).enumerate().for_each(|(t, chunk)| {
+            let first = 4 * t;
+            let count = chunk.len() / (m * 16);
+            let mut r0 = 0;
+            while r0 < m {
+                let mr = rows.min(m - r0);
+                let (xr, xsr) = (&x[r0 * k..], &xs[r0 * groups..]);
+                let mut i = 0;
+                while i < count {
+                    let stride = w.lanes[first + i].stride;
+                    let most = match mr {
+                        1 => 4,
+                        2 => 2,
+                        _ => 1,
+                    };
+                    // The run of lane groups from `i` that share its stride, up to `most`, as 4, 2 or 1.
+                    let run = (i..count.min(i + most)).take_while(|&j| w.lanes[first + j].stride == stride).count();
+                    let width = if run == 3 { 2 } else { run };
+                    let lane = |d: usize| first + i + d.min(width - 1);
+                    let bytes: [&[u8]; 4] = std::array::from_fn(|d| w.lane_bytes(lane(d)));
+                    let sz: [&[f32]; 4] = std::array::from_fn(|d| w.lane_sz(lane(d)));
+                    let tiles = &mut chunk[i * m * 16..(i + width) * m * 16];
+                    let rows = TileRows { tiles, m, r0, mr, width, one_row_chains: false };
+                    decode_avx2_checked(tok, xr, k, xsr, bytes, stride, sz, g_len, rows);
                     i += width;
                 }
                 r0 += mr;
@@ -821,59 +864,58 @@ fn halves_panel(h: &[u8], w: &W4A16Weights, lg: usize, k0: usize, k1: usize, pan
     }
 }
 
-/// Calls the AVX2 decode for `mr` rows after checking every range it touches (off x86-64, where no
-/// `Avx2Fma` token can exist, the portable loop).
+/// Calls the AVX2 decode of `rows.width` lane groups sharing `stride` ([`crate::x86_64::avx2::decode_lanes`])
+/// after checking every range it touches: `bytes[i]` holds lane group `i`'s eight bytes per input channel at
+/// `stride`, `sz[i]` its parameters (slots past `width` unused). Off x86-64 no `Avx2Fma` token can exist,
+/// so this is never reached there.
 #[allow(clippy::too_many_arguments)]
-fn decode_avx2(
-    _tok: Avx2Fma,
-    mr: usize,
-    x: &[f32],
-    k: usize,
-    xs: &[f32],
-    bytes: &[u8],
-    stride: usize,
-    sz: &[f32],
-    g_len: usize,
-    tile: &mut [f32],
-) {
-    #[cfg(not(target_arch = "x86_64"))]
-    portable::decode_lane_group(mr, x, k, xs, bytes, stride, sz, k, g_len, tile);
-    #[cfg(target_arch = "x86_64")]
-    decode_avx2_checked(_tok, mr, x, k, xs, bytes, stride, sz, g_len, tile)
-}
-
-#[allow(clippy::too_many_arguments)]
-#[cfg(target_arch = "x86_64")]
 fn decode_avx2_checked(
     _tok: Avx2Fma,
-    mr: usize,
     x: &[f32],
     k: usize,
     xs: &[f32],
-    bytes: &[u8],
+    bytes: [&[u8]; 4],
     stride: usize,
-    sz: &[f32],
+    sz: [&[f32]; 4],
     g_len: usize,
-    tile: &mut [f32],
+    rows: TileRows<'_>,
 ) {
     let groups = k.div_ceil(g_len);
-    assert!((1..=DECODE_ROWS).contains(&mr));
+    let TileRows { tiles, m, r0, mr, width, .. } = rows;
+    // At most eight accumulators: four lane groups for one row, two for two, one for more.
+    assert!((1..=DECODE_ROWS).contains(&mr) && matches!((mr, width), (1, 4) | (1 | 2, 2) | (_, 1)));
+    assert!(r0 + mr <= m);
     assert!(x.len() >= (mr - 1) * k + k && xs.len() >= mr * groups);
-    assert!(bytes.len() >= (k - 1) * stride + 8 && sz.len() >= groups * 32 && tile.len() >= mr * 16);
-    use crate::x86_64::avx2::decode_lane_group as d;
-    let (xp, xsp, bp, szp, tp) = (x.as_ptr(), xs.as_ptr(), bytes.as_ptr(), sz.as_ptr(), tile.as_mut_ptr());
-    // SAFETY: `Avx2Fma` proves AVX2 and FMA. The asserts give every range `decode_lane_group` reads
-    // (x rows r < mr of k floats at stride k; xs[r·groups + g]; 8 bytes at kk·stride for kk < k;
-    // sz[g·32 .. g·32 + 32]) and writes (tile[0..mr·16]).
-    unsafe {
-        match mr {
-            // Few rows: more accumulator sets, so enough FMA chains are in flight.
-            1 => d::<1, 4>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
-            2 => d::<2, 2>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
-            3 => d::<3, 1>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
-            _ => d::<4, 1>(xp, k, xsp, bp, stride, szp, k, g_len, tp),
+    assert!(bytes.iter().all(|b| b.len() >= (k - 1) * stride + 8));
+    assert!(sz.iter().all(|p| p.len() >= groups * 32) && tiles.len() >= width * m * 16);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::x86_64::avx2::decode_lanes as d;
+        let (xp, xsp) = (x.as_ptr(), xs.as_ptr());
+        let bp: [*const u8; 4] = bytes.map(<[u8]>::as_ptr);
+        let s: [*const f32; 4] = sz.map(<[f32]>::as_ptr);
+        let base = tiles.as_mut_ptr();
+        // SAFETY: the assert gives width·m·16 floats of `tiles`, so each lane group's rows r0..r0 + mr
+        // (at i·m·16 + r0·16, i < width; slots past width repeat the last) are in range.
+        let t: [*mut f32; 4] = std::array::from_fn(|i| unsafe { base.add(i.min(width - 1) * m * 16 + r0 * 16) });
+        // SAFETY: `Avx2Fma` proves AVX2 and FMA on this CPU. The asserts give every range `decode_lanes`
+        // reads (x rows r < mr of k floats at stride k; xs[r·groups + g]; 8 bytes at kk·stride of each lane
+        // group's bytes for kk < k; 32 floats per group of each lane group's parameters) and writes (mr rows
+        // of 16 floats of each of the width tiles).
+        unsafe {
+            match (mr, width) {
+                (1, 4) => d::<1, 4>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (1, 2) => d::<1, 2>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (1, _) => d::<1, 1>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (2, 2) => d::<2, 2>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (2, _) => d::<2, 1>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (3, _) => d::<3, 1>(xp, k, xsp, bp, stride, s, k, g_len, t),
+                (_, _) => d::<4, 1>(xp, k, xsp, bp, stride, s, k, g_len, t),
+            }
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no Avx2Fma token exists off x86-64");
 }
 
 /// Rows `r0..r0 + mr` of `width` (1, 2 or 4) consecutive `[m][16]` lane-group tiles, back to back in

@@ -576,8 +576,8 @@ fn the_bf16_decode_gives_the_same_bits_with_and_without_vbmi() {
 }
 
 /// `decode_rows_exact` gives each of `m` rows the bits one-row `decode` gives it alone, on every decode
-/// variant this machine runs (the AVX-512 one with and without BF16), with N and K tails, every group size
-/// and 1 to 17 rows: what lets a step of many sequences decode in one pass over the weights and still give
+/// variant this machine runs (the AVX-512 one with and without BF16), both block widths, with N and K tails,
+/// every group size and 1 to 17 rows: what lets a step of many sequences decode in one pass over the weights and still give
 /// each sequence exactly what it gets alone. (The multi-row `decode` itself does not: it splits a row's sums
 /// over fewer accumulator chains the more rows share a pass.)
 #[test]
@@ -593,10 +593,14 @@ fn the_row_exact_decode_gives_every_row_its_one_row_bits() {
     if levels.iter().any(|(_, _, l)| *l == IsaLevel::Avx512) && caps.allows(Feature::Avx512Bf16) {
         levels.push(("avx512 without bf16".into(), caps.without(Feature::Avx512Bf16), IsaLevel::Avx512));
     }
-    for (n, k, group) in [(64, 576, GroupSize::G32), (144, 200, GroupSize::G64), (208, 1090, GroupSize::G128)] {
+    // Both block widths (the AVX2 policy packs 32-channel blocks), with N tails: 144 and 208 end in a lone
+    // 16-channel lane group, 80 in a 32-channel block after a 64 (N64) or a third block (N32).
+    let shapes =
+        [(64, 576, GroupSize::G32), (144, 200, GroupSize::G64), (208, 1090, GroupSize::G128), (80, 96, GroupSize::G32)];
+    for ((n, k, group), block) in shapes.into_iter().flat_map(|s| [(s, TinygemmBlock::N64), (s, TinygemmBlock::N32)]) {
         let (codes, params) = layer(&mut rng, n, k, group);
         for (name, caps, level) in &levels {
-            let weights = W4A16Weights::new(&codes, params.clone(), TinygemmBlock::N64, true).unwrap();
+            let weights = W4A16Weights::new(&codes, params.clone(), block, true).unwrap();
             let lin = W4A16Linear::forced(weights, None, W4A16Config::default(), *level, caps).unwrap();
             for m in [1, 2, 3, 4, 5, 9, 17] {
                 let x = rng.activations(m, k);
@@ -606,7 +610,10 @@ fn the_row_exact_decode_gives_every_row_its_one_row_bits() {
                     let mut alone = vec![f32::NAN; n];
                     lin.decode(&x[r * k..(r + 1) * k], 1, &mut alone).unwrap();
                     let same = alone.iter().zip(&together[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{name}: N={n} K={k} {group:?} M={m}: row {r} differs from its one-row decode");
+                    assert!(
+                        same,
+                        "{name}: N={n} K={k} {group:?} {block:?} M={m}: row {r} differs from its one-row decode"
+                    );
                 }
             }
         }

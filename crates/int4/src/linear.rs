@@ -677,7 +677,7 @@ impl Linear {
     }
 
     /// Decode rows (one per sequence), each computed bit for bit as it is alone: W4A16 in one pass over
-    /// the weights, a row at a time per block ([`W4A16Linear::decode_rows_exact`]); W4A8 and its 8-bit
+    /// the weights, each row on its one-row chains ([`W4A16Linear::decode_rows_exact`]); W4A8 and its 8-bit
     /// head in one pass on the kernel one row runs (integer sums, exact in any row blocking); W8A16, whose
     /// decode and prefill follow one arithmetic order, in one call; the others in calls of fewer rows than
     /// start their prefill phase (their decode kernels compute each row alike however many share a call).

@@ -54,99 +54,88 @@ unsafe fn unpack8_codes(src: *const u8, mask: __m256i) -> (__m256, __m256) {
     (_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v)))
 }
 
-/// W4A16 decode for one lane group and `MR` rows, for the group's sixteen lanes `j` (low-nibble lanes
-/// 0..8, high-nibble lanes 8..16):
+/// W4A16 decode for `W` lane groups (1, 2 or 4) that share a stride and `MR` rows, for each lane group's
+/// sixteen lanes `j` (low-nibble lanes 0..8, high-nibble lanes 8..16):
 ///
 /// `tile[r][j] = Σ_g s·Σ_{k∈g} x[r][k]·q + (z − 8s)·xs[r][g]`, which is `Σ_k x·((q − 8)·s + z)`.
 ///
 /// Using `q` rather than `q − 8` in the inner loop saves two instructions per sixteen weights (the inner
 /// loop is compute-bound on AVX2); the price is a larger sum of magnitudes in the error budget
-/// ([`crate::budget::magnitudes_w4_decode`]).
+/// ([`crate::budget::magnitudes_w4_decode`]). Order, per row and lane: one FMA chain over the group's
+/// input channels in K order, then `tile = fma(s, acc, tile)` and `tile = fma(z − 8s, xs, tile)`, groups
+/// in order; so a row gets the same bits whatever `MR` and `W` it runs with. Lane group `d` holds input channel `kk`'s eight bytes at `bytes[d] + kk·stride`, its parameters at `sz[d]` and
+/// its `[MR][16]` tile at `tile[d]` (overwritten).
 ///
-/// `U` independent accumulator sets take input channels in turn (channel `k0 + i` goes to set `i mod U`
-/// within a group, except the last `len mod U`, which go to set 0), so that `U·MR·2` FMA chains hide the FMA latency when there are few rows. Order, per
-/// lane: each set adds its products in K order (`fma`); at the end of a group the sets are summed in set
-/// order, then `tile = fma(s, acc, tile)` and `tile = fma(z, xs, tile)`, groups in order.
+/// A tinygemm block stores its lane groups side by side (two in a 32-channel block, 16 bytes per input
+/// channel; four in a 64-channel one), so one row over all of a block's lane groups reads the block as a
+/// sequential stream and uses every code while its line arrives. One lane group per pass uses a part of
+/// each line and leaves the rest to the next passes, from cache, while memory waits.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA. For every `r < MR` and `kk < k`, `x.add(r·ldx + kk)` must be
-/// readable; `xs.add(r·groups + g)` readable for every group `g < ceil(k/g_len)`;
-/// `bytes.add(kk·stride + 7)` readable for every `kk < k`; `sz.add(g·32 + 31)` readable for every group;
-/// `tile.add(r·16 + 15)` writable for every `r < MR`.
+/// readable; `xs.add(r·groups + g)` readable for every group `g < ceil(k/g_len)`; for every `d < W`,
+/// `bytes[d].add(kk·stride + 7)` readable for every `kk < k`, `sz[d].add(g·32 + 31)` readable for every
+/// group, and `tile[d].add(r·16 + 15)` writable for every `r < MR`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn decode_lane_group<const MR: usize, const U: usize>(
+pub unsafe fn decode_lanes<const MR: usize, const W: usize>(
     x: *const f32,
     ldx: usize,
     xs: *const f32,
-    bytes: *const u8,
+    bytes: [*const u8; 4],
     stride: usize,
-    sz: *const f32,
+    sz: [*const f32; 4],
     k: usize,
     g_len: usize,
-    tile: *mut f32,
+    tile: [*mut f32; 4],
 ) {
     let mask = _mm256_set1_epi32(0xF);
     let eight = _mm256_set1_ps(8.0);
     let groups = k.div_ceil(g_len);
-    let mut tot = [[_mm256_setzero_ps(); 2]; MR];
+    for t in &tile[..W] {
+        for r in 0..MR {
+            // SAFETY: r < MR: tile[d][r·16 .. r·16 + 16] is writable (caller contract).
+            unsafe {
+                _mm256_storeu_ps(t.add(r * 16), _mm256_setzero_ps());
+                _mm256_storeu_ps(t.add(r * 16 + 8), _mm256_setzero_ps());
+            }
+        }
+    }
     for g in 0..groups {
         let k0 = g * g_len;
         let k1 = (k0 + g_len).min(k);
-        let mut acc = [[[_mm256_setzero_ps(); 2]; MR]; U];
-        let mut kk = k0;
-        // U channels per step, one per accumulator set (U is a constant: the loop unrolls and every set
-        // stays in registers). The group's last `len mod U` channels go to set 0.
-        while kk + U <= k1 {
-            for (u, set) in acc.iter_mut().enumerate() {
-                // SAFETY: kk + u < k1 <= k, so the 8 bytes at (kk + u)·stride are in range.
-                let (wlo, whi) = unsafe { unpack8_codes(bytes.add((kk + u) * stride), mask) };
-                for (r, a) in set.iter_mut().enumerate() {
-                    // SAFETY: r < MR and kk + u < k: x[r·ldx + kk + u] is readable (caller contract).
-                    let xb = _mm256_set1_ps(unsafe { *x.add(r * ldx + kk + u) });
-                    a[0] = _mm256_fmadd_ps(wlo, xb, a[0]);
-                    a[1] = _mm256_fmadd_ps(whi, xb, a[1]);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; W]; MR];
+        for kk in k0..k1 {
+            // SAFETY: r < MR and kk < k: x[r·ldx + kk] is readable (caller contract).
+            let xb: [__m256; MR] = std::array::from_fn(|r| _mm256_set1_ps(unsafe { *x.add(r * ldx + kk) }));
+            for d in 0..W {
+                // SAFETY: kk < k and d < W: the 8 bytes at bytes[d] + kk·stride are readable (caller contract).
+                let (wlo, whi) = unsafe { unpack8_codes(bytes[d].add(kk * stride), mask) };
+                for (a, xb) in acc.iter_mut().zip(&xb) {
+                    a[d][0] = _mm256_fmadd_ps(wlo, *xb, a[d][0]);
+                    a[d][1] = _mm256_fmadd_ps(whi, *xb, a[d][1]);
                 }
             }
-            kk += U;
         }
-        while kk < k1 {
-            // SAFETY: kk < k, so the 8 bytes at kk·stride are in range (caller contract).
-            let (wlo, whi) = unsafe { unpack8_codes(bytes.add(kk * stride), mask) };
-            for (r, a) in acc[0].iter_mut().enumerate() {
-                // SAFETY: r < MR and kk < k: x[r·ldx + kk] is readable (caller contract).
-                let xb = _mm256_set1_ps(unsafe { *x.add(r * ldx + kk) });
-                a[0] = _mm256_fmadd_ps(wlo, xb, a[0]);
-                a[1] = _mm256_fmadd_ps(whi, xb, a[1]);
+        for d in 0..W {
+            // SAFETY: g < groups and d < W: sz[d][g·32 .. g·32 + 32] is readable (caller contract).
+            let (s_lo, s_hi, z_lo, z_hi) = unsafe {
+                let p = sz[d].add(g * 32);
+                (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)))
+            };
+            // z − 8s, once per group.
+            let (z_lo, z_hi) = (_mm256_fnmadd_ps(eight, s_lo, z_lo), _mm256_fnmadd_ps(eight, s_hi, z_hi));
+            for (r, a) in acc.iter().enumerate() {
+                // SAFETY: r < MR, g < groups: xs[r·groups + g] is readable, and tile[d][r·16 .. r·16 + 16]
+                // is writable (caller contract).
+                unsafe {
+                    let xsum = _mm256_set1_ps(*xs.add(r * groups + g));
+                    let t = tile[d].add(r * 16);
+                    let (t0, t1) = (_mm256_loadu_ps(t), _mm256_loadu_ps(t.add(8)));
+                    _mm256_storeu_ps(t, _mm256_fmadd_ps(z_lo, xsum, _mm256_fmadd_ps(s_lo, a[d][0], t0)));
+                    _mm256_storeu_ps(t.add(8), _mm256_fmadd_ps(z_hi, xsum, _mm256_fmadd_ps(s_hi, a[d][1], t1)));
+                }
             }
-            kk += 1;
-        }
-        let mut sum = acc[0];
-        for set in &acc[1..] {
-            for (s, a) in sum.iter_mut().zip(set) {
-                s[0] = _mm256_add_ps(s[0], a[0]);
-                s[1] = _mm256_add_ps(s[1], a[1]);
-            }
-        }
-        // SAFETY: g < groups, so sz[g·32 .. g·32 + 32] is readable (caller contract).
-        let (s_lo, s_hi, z_lo, z_hi) = unsafe {
-            let p = sz.add(g * 32);
-            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)))
-        };
-        // z − 8s, once per group.
-        let (z_lo, z_hi) = (_mm256_fnmadd_ps(eight, s_lo, z_lo), _mm256_fnmadd_ps(eight, s_hi, z_hi));
-        for (r, (t, a)) in tot.iter_mut().zip(&sum).enumerate() {
-            // SAFETY: r < MR, g < groups: xs[r·groups + g] is readable (caller contract).
-            let xsum = _mm256_set1_ps(unsafe { *xs.add(r * groups + g) });
-            t[0] = _mm256_fmadd_ps(z_lo, xsum, _mm256_fmadd_ps(s_lo, a[0], t[0]));
-            t[1] = _mm256_fmadd_ps(z_hi, xsum, _mm256_fmadd_ps(s_hi, a[1], t[1]));
-        }
-    }
-    for (r, t) in tot.iter().enumerate() {
-        // SAFETY: r < MR: tile[r·16 .. r·16 + 16] is writable (caller contract).
-        unsafe {
-            _mm256_storeu_ps(tile.add(r * 16), t[0]);
-            _mm256_storeu_ps(tile.add(r * 16 + 8), t[1]);
         }
     }
 }

@@ -61,7 +61,8 @@ fn prefetch_params_ahead(sz0: *const f32, w: usize, groups: usize, g: usize) {
 /// low-nibble lanes | 2c + 1's]`, `acc[c][1]` their high-nibble lanes. `U` independent accumulator sets
 /// take input channels in turn within a group (the last `len mod U` go to set 0), so that enough FMA
 /// chains are in flight for one row. At the end of a group the sets are summed in set order, then
-/// `tot = fma(s, acc, tot)`, `tot = fma(z − 8s, xs, tot)`: per lane, the AVX2 kernel's arithmetic exactly.
+/// `tot = fma(s, acc, tot)`, `tot = fma(z − 8s, xs, tot)`: per lane, with `U = 1`, the AVX2 kernel's
+/// arithmetic exactly.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL, AVX2 and FMA. For every `r < MR` and `kk < k`,
