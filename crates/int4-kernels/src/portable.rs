@@ -16,8 +16,9 @@ use crate::bytes::SharedBytes;
 use crate::error::{KernelError, check_len};
 use crate::kernel_id::KernelId;
 
-/// W4A16 decode for one lane group (see [`crate::x86_64::avx2::decode_lane_group`]): `bytes` starts at the
-/// lane group's offset, `sz` at its `[G][32]` parameters, `tile` is `[mr][16]`.
+/// W4A16 decode for one lane group (the arithmetic of [`crate::x86_64::avx2::decode_lanes`], one row at a
+/// time, so a row's bits do not depend on `mr`): `bytes` starts at the lane group's offset, `sz` at its
+/// `[G][32]` parameters, `tile` is `[mr][16]`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_lane_group(
     mr: usize,

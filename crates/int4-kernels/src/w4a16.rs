@@ -41,7 +41,8 @@ pub const DEFAULT_DEQUANT_THRESHOLD: usize = 16;
 const DECODE_ROWS: usize = 4;
 
 /// Rows per pass of [`W4A16Linear::decode_rows_exact`]'s AVX-512 kernels: three rows of eight accumulator
-/// registers each (a one-row pass's chains) leave eight of the 32 for the codes and the activations.
+/// registers each (a one-row pass's chains) leave eight of the 32 for the codes and the activations. (The
+/// AVX2 and portable kernels give every row its one-row bits in any pass, so they take [`DECODE_ROWS`].)
 pub const EXACT_ROWS: usize = 3;
 
 /// How a W4A16 layer chooses and feeds its kernels (the `cpu_int4` checkpoint keys of the same names).
@@ -458,9 +459,9 @@ impl W4A16Linear {
     /// alone: one pass over the weights for all rows, each row's sums on the accumulator chains of a
     /// one-row pass. The AVX-512 kernels (bf16 and f32) unpack each block's codes once for up to
     /// [`EXACT_ROWS`] rows, each row keeping its own chains; the AVX2 kernel keeps one chain per row and
-    /// lane in every pass, so any pass is exact; the portable one takes the block a row at a time (from
-    /// cache after the first). ([`W4A16Linear::decode`] on AVX-512 takes up to four rows per pass, each on
-    /// fewer chains, so its rows' sums round otherwise.)
+    /// lane in every pass, and the portable one computes each row on its own, so any of their passes is
+    /// exact. ([`W4A16Linear::decode`] on AVX-512 takes up to four rows per pass, each on
+    /// fewer chains, so its rows' sums round otherwise; on AVX2 and portable it is this.)
     pub fn decode_rows_exact(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
         self.decode_passes(x, m, out, EXACT_ROWS, true)
     }
@@ -500,14 +501,15 @@ impl W4A16Linear {
             }
             BoundKernel::W4a16DecodeAvx2(tok) => {
                 let xs = portable::group_sums(x, m, k, g_len);
-                self.decode_avx2_blocks(tok, x, m, rows, &xs, &mut tiles);
+                // Every AVX2 pass gives a row its one-row bits, so exact decodes take as many rows per pass.
+                self.decode_avx2_blocks(tok, x, m, DECODE_ROWS, &xs, &mut tiles);
                 return self.finish(&tiles, m, out);
             }
             BoundKernel::W4a16DecodePortable => {}
             other => return Err(wrong_family(other)),
         }
-        // The portable kernel has no row count whose chains per row are a one-row pass's.
-        let rows = if one_row_chains { 1 } else { rows };
+        // The portable kernel computes each row on its own, so every pass gives a row its one-row bits.
+        let rows = DECODE_ROWS;
         let xs = portable::group_sums(x, m, k, g_len);
         // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
         let min_lanes = (65536 / (16 * k)).max(1);
@@ -575,10 +577,7 @@ impl W4A16Linear {
             let (a, b) = (&w.lanes[i], &w.lanes[i + 1]);
             b.offset == a.offset + 8 && b.stride == a.stride
         };
-        let min_tasks = (65536 / (64 * k)).max(1);
-        tiles.par_chunks_mut(4 * m * 16).with_min_len(min_tasks).enumerate().for_each(|(t, chunk)| {
-            let first = 4 * t;
-            let count = chunk.len() / (m * 16);
+        for_each_four_lane_groups(tiles, m, k, |first, count, chunk| {
             let mut r0 = 0;
             while r0 < m {
                 let mr = rows.min(m - r0);
@@ -641,10 +640,7 @@ impl W4A16Linear {
         let w = &self.weights;
         let k = w.k;
         let (g_len, groups) = (w.group.len(k), w.group.groups(k));
-        let min_tasks = (65536 / (64 * k)).max(1);
-        tiles.par_chunks_mut(4 * m * 16).with_min_len(min_tasks).enumerate().for_each(|(t, chunk)| {
-            let first = 4 * t;
-            let count = chunk.len() / (m * 16);
+        for_each_four_lane_groups(tiles, m, k, |first, count, chunk| {
             let mut r0 = 0;
             while r0 < m {
                 let mr = rows.min(m - r0);
@@ -862,6 +858,17 @@ fn halves_panel(h: &[u8], w: &W4A16Weights, lg: usize, k0: usize, k1: usize, pan
         }
         kk = end;
     }
+}
+
+/// Runs `task(first, count, chunk)` over `tiles` (`[lanes][m][16]`) in parallel tasks of four lane groups:
+/// `first` is a task's first lane group, `count` how many it holds (four, but for the last), `chunk` their
+/// tiles. Tasks run at least ~64 K weights each, so a small layer is not drowned in scheduling.
+fn for_each_four_lane_groups(tiles: &mut [f32], m: usize, k: usize, task: impl Fn(usize, usize, &mut [f32]) + Sync) {
+    let min_tasks = (65536 / (64 * k)).max(1);
+    tiles.par_chunks_mut(4 * m * 16).with_min_len(min_tasks).enumerate().for_each(|(t, chunk)| {
+        let count = chunk.len() / (m * 16);
+        task(4 * t, count, chunk)
+    });
 }
 
 /// Calls the AVX2 decode of `rows.width` lane groups sharing `stride` ([`crate::x86_64::avx2::decode_lanes`])

@@ -63,8 +63,9 @@ unsafe fn unpack8_codes(src: *const u8, mask: __m256i) -> (__m256, __m256) {
 /// loop is compute-bound on AVX2); the price is a larger sum of magnitudes in the error budget
 /// ([`crate::budget::magnitudes_w4_decode`]). Order, per row and lane: one FMA chain over the group's
 /// input channels in K order, then `tile = fma(s, acc, tile)` and `tile = fma(z − 8s, xs, tile)`, groups
-/// in order; so a row gets the same bits whatever `MR` and `W` it runs with. Lane group `d` holds input channel `kk`'s eight bytes at `bytes[d] + kk·stride`, its parameters at `sz[d]` and
-/// its `[MR][16]` tile at `tile[d]` (overwritten).
+/// in order; so a row gets the same bits whatever `MR` and `W` it runs with. Lane group `d` holds input
+/// channel `kk`'s eight bytes at `bytes[d] + kk·stride`, its parameters at `sz[d]` and its `[MR][16]` tile
+/// at `tile[d]` (overwritten).
 ///
 /// A tinygemm block stores its lane groups side by side (two in a 32-channel block, 16 bytes per input
 /// channel; four in a 64-channel one), so one row over all of a block's lane groups reads the block as a
