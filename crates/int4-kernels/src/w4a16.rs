@@ -42,7 +42,7 @@ const DECODE_ROWS: usize = 4;
 
 /// Rows per pass of [`W4A16Linear::decode_rows_exact`]'s AVX-512 kernels: three rows of eight accumulator
 /// registers each (a one-row pass's chains) leave eight of the 32 for the codes and the activations. (The
-/// AVX2 and portable kernels give every row its one-row bits in any pass, so they take [`DECODE_ROWS`].)
+/// AVX2 and portable kernels give every row its one-row bits in any pass, so they take four.)
 pub const EXACT_ROWS: usize = 3;
 
 /// How a W4A16 layer chooses and feeds its kernels (the `cpu_int4` checkpoint keys of the same names).
