@@ -125,9 +125,14 @@ impl TextCodec {
             .read("tokenizer.json", TOKENIZER_CAP)?
             .ok_or_else(|| Error::config(&tj, "is missing: the model has no tokenizer"))?;
         let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::tokenizer(&tj, e))?;
-        // The JSON parsed again as a plain value, only to bound what its normalizers can do.
-        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(crate::error::at(&tj))?;
-        let growth = json.get("normalizer").map_or(1.0, normalizer_growth);
+        // The JSON read again for its normalizer alone, to bound what it can do; the rest (a vocabulary of
+        // up to millions of entries) is skipped, not built.
+        #[derive(serde::Deserialize)]
+        struct NormalizerOnly {
+            normalizer: Option<serde_json::Value>,
+        }
+        let json: NormalizerOnly = serde_json::from_slice(&bytes).map_err(crate::error::at(&tj))?;
+        let growth = json.normalizer.as_ref().map_or(1.0, normalizer_growth);
         if growth > MAX_NORMALIZER_GROWTH {
             return Err(Error::config(
                 &tj,
