@@ -1,4 +1,4 @@
-//! Running one case of the hostile-input suite: the release-like `int4` binary, bounded in time (5 s) and
+//! Running one case of the hostile-input suite: the release-like `int4` binary, bounded in time (15 s) and
 //! address space (8 GiB), its outcome classified.
 
 use std::io::{Read, Write};
@@ -6,9 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// How long a case may run before it counts as a hang: 5 s against a release binary; an unoptimised one
-/// (`cargo test` without `--release`) parses a 30 MB tokenizer several times slower, so it gets 20 s.
-pub const TIMEOUT: Duration = Duration::from_secs(if cfg!(debug_assertions) { 20 } else { 5 });
+/// How long a case may run before it counts as a hang: 15 s against a release binary; an unoptimised one
+/// (`cargo test` without `--release`) parses a large tokenizer several times slower, so it gets 40 s. A
+/// hang never ends, so the bound only sets how long the suite waits to call one; it must sit well above
+/// what a case with real work takes on the slowest CPU the suite runs on: a million-entry vocabulary loads
+/// in about 3 s alone on a two-core Zen 2, and the suite runs other work beside it.
+pub const TIMEOUT: Duration = Duration::from_secs(if cfg!(debug_assertions) { 40 } else { 15 });
 /// Address space each case may take: a runaway allocation fails instead of taking the machine.
 const ADDRESS_SPACE: u64 = 8 << 30;
 

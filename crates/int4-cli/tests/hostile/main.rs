@@ -3,7 +3,7 @@
 //! cache, FIFOs and devices where files belong, bad flags and environment variables, standard input
 //! without end and standard output that goes away.
 //!
-//! Each case runs the binary once, bounded (5 s for a release binary, 8 GiB of address space), and is
+//! Each case runs the binary once, bounded (15 s for a release binary, 8 GiB of address space), and is
 //! classified: ok, clean error, panic, death by signal, hang, or wrong output (standard output compared
 //! with an uncached or otherwise independent run). The suite passes when every case meets its expectation
 //! — in particular no panic, no signal, no hang and no wrong output — and prints the table and the counts.
