@@ -645,14 +645,14 @@ impl W4A16Linear {
             while r0 < m {
                 let mr = rows.min(m - r0);
                 let (xr, xsr) = (&x[r0 * k..], &xs[r0 * groups..]);
+                let most = match mr {
+                    1 => 4,
+                    2 => 2,
+                    _ => 1,
+                };
                 let mut i = 0;
                 while i < count {
                     let stride = w.lanes[first + i].stride;
-                    let most = match mr {
-                        1 => 4,
-                        2 => 2,
-                        _ => 1,
-                    };
                     // The run of lane groups from `i` that share its stride, up to `most`, as 4, 2 or 1.
                     let run = (i..count.min(i + most)).take_while(|&j| w.lanes[first + j].stride == stride).count();
                     let width = if run == 3 { 2 } else { run };
