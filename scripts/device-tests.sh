@@ -6,7 +6,8 @@
 #
 # `build` compiles the test binaries of the crates whose tests need no model (int4-layout, int4-kernels,
 # int4-select) as static executables, so they run on any x86-64 Linux whatever its C library, and copies
-# them with run.sh into target/device/. run.sh prints the CPU's AMX/AVX-512 flags first, then runs every
+# them, stripped (the device tool carries at most 64 MiB; with their line tables they are ~170 MB), with run.sh
+# into target/device/. run.sh prints the CPU's AMX/AVX-512 flags first, then runs every
 # binary with INT4_TEST_EVERYTHING=1, so a kernel variant the host cannot run fails instead of being
 # skipped quietly; its output goes to stdout and to $OUT/device-tests.log when $OUT is set.
 set -euo pipefail
@@ -22,7 +23,7 @@ build)
         cargo test --release --target "$target" -p int4-layout -p int4-kernels -p int4-select --no-run \
         --message-format json 2>/dev/null |
         python3 -c '
-import json, sys, shutil
+import json, subprocess, sys, shutil
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -31,12 +32,24 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         name = m["target"]["name"] + "-" + m["package_id"].split("#")[-1].split("@")[0].split("/")[-1]
         shutil.copy(m["executable"], sys.argv[1] + "/" + name)
+        subprocess.run(["strip", sys.argv[1] + "/" + name], check=True)
         print(name)
 ' "$out/bin"
-    cat >"$out/run.sh" <<'EOF'
+    cat >"$out/run.sh" <<EOF
 #!/usr/bin/env bash
 # Runs every copied test binary with INT4_TEST_EVERYTHING=1 (see scripts/device-tests.sh).
+# The binaries read fixtures and insta snapshots under the checkout they were built in ($PWD). Where
+# this runner's checkout lies elsewhere, that path becomes a link to it; insta finds the workspace root
+# with cargo, which such a host lacks, so it is named.
+built=$PWD
+EOF
+    cat >>"$out/run.sh" <<'EOF'
 cd "$(dirname "$0")"
+here=$(cd ../.. && pwd)
+if [[ ! -e $built ]]; then
+    mkdir -p "$(dirname "$built")" && ln -s "$here" "$built"
+fi
+export INSTA_WORKSPACE_ROOT=$built INSTA_UPDATE=no
 log="${OUT:-/tmp}/device-tests.log"
 {
     echo "== CPU"
