@@ -739,8 +739,9 @@ impl W4A16Linear {
     /// tile configuration and releases the tiles on every exit path.
     ///
     /// Arithmetic: weights and activations rounded to bf16 (`Budget` with both roundings), products and
-    /// sums in f32 in the instruction's order, denormals flushed. Hardware equality with the emulator is
-    /// not verified (no AMX host yet), so tests hold it to the error budget, not to bits.
+    /// sums in f32 in the instruction's order, denormals flushed. The hardware's internal order of its f32
+    /// sums is not specified to the bit, so tests hold it (on an AMX host: `scripts/device-tests.sh`) to
+    /// the error budget, not to the emulator's bits.
     pub fn prefill_tiles<T: TileUnit>(
         &self,
         new_unit: &(dyn Fn() -> T + Sync),

@@ -153,7 +153,7 @@ fn every_kernel_is_bit_exact_against_the_reference() {
             let l = layer(&mut rng, n, k, group, zeros);
             let packed = l.pack(group);
             let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
-            let ms: &[usize] = if n == 576 { &[1, 17, 512] } else { &[1, 2, 3, 4, 5, 16, 17, 64] };
+            let ms: &[usize] = if n == 576 { &[1, 17, 512] } else { &[1, 2, 3, 4, 5, 16, 17, 40, 64] };
             for &m in ms {
                 let x = rng.activations(m, k);
                 // Both activation granularities, alternating with M.
@@ -214,7 +214,7 @@ fn every_kernel_is_bit_exact_against_the_reference() {
             }
         }
     }
-    assert_eq!(cases, (6 * 8 + 3) * ZERO_KINDS.len());
+    assert_eq!(cases, (6 * 9 + 3) * ZERO_KINDS.len());
 }
 
 /// The result does not depend on how many threads split N.
@@ -482,7 +482,8 @@ fn a_forced_kernel_the_cpu_lacks_is_an_error() {
         int4_kernels::isa::Feature::AmxInt8.detected() && int4_kernels::isa::Avx512Vnni::new().is_some()
     );
     if let Ok(k) = amx {
-        assert_eq!((k.for_rows(15), k.for_rows(16)), (KernelId::W4a8Vnni, KernelId::W4a8Amx));
+        let from = int4_kernels::w4a8::AMX_MIN_ROWS;
+        assert_eq!((k.for_rows(from - 1), k.for_rows(from)), (KernelId::W4a8Vnni, KernelId::W4a8Amx));
     }
 }
 
@@ -494,7 +495,8 @@ fn a_forced_kernel_the_cpu_lacks_is_an_error() {
 fn every_isa_cap_dispatches_to_the_best_kernel_it_allows_bit_exactly() {
     use int4_kernels::isa::Feature;
     let mut rng = Rng::new(43);
-    let (n, k, m, group) = (80, 200, 17, GroupSize::G64);
+    // Enough rows for the AMX tiles (two row tiles, then a partial one), where the CPU has them.
+    let (n, k, m, group) = (80, 200, int4_kernels::w4a8::AMX_MIN_ROWS + 8, GroupSize::G64);
     let l = layer(&mut rng, n, k, group, Zeros::Float);
     let packed = l.pack(group);
     let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();

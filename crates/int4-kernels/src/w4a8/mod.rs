@@ -708,7 +708,7 @@ fn gemm_operand(
 /// exit path, so no kernel depends on another's tile state.
 ///
 /// Per 16-channel block, the codes are expanded once into byte B tiles (`[K/4][16 × 4]`, VNNI order);
-/// then per 16 rows and per group, `tdpbsud` accumulates `Σ xq·q` over the group's K blocks in one i32
+/// then per 32 rows (two row tiles) and per group, `tdpbsud` accumulates `Σ xq·q` over the group's K blocks in an i32
 /// tile, which the shared epilogue turns into f32.
 pub fn gemm_tiles<T: TileUnit>(
     new_unit: &(dyn Fn() -> T + Sync),
@@ -732,6 +732,43 @@ pub(crate) fn tiles_planes<T: TileUnit>(
     tiles_operand(new_unit, a, Operand::Eight { hi, lo }, bias, out)
 }
 
+/// How the AMX tiling turns a group's i32 sums into f32: [`Block::finish`] row by row, or the same
+/// arithmetic sixteen lanes at a time. The tiles' dot products take a group in one or two instructions, so
+/// a scalar epilogue would cost several times the products (docs/perf.md, "AMX on hardware").
+#[derive(Clone, Copy, Debug)]
+enum TileEpilogue {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Avx512Vnni),
+}
+
+impl TileEpilogue {
+    /// The AVX-512 epilogue where this process may run it, else the scalar one: the hardware tiles always
+    /// have it (an AMX-INT8 token implies VNNI), and the tile emulator takes it on an AVX-512 CPU, so the
+    /// tests there check it against the reference bit for bit.
+    fn live() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tok) = Avx512Vnni::new() {
+            return TileEpilogue::Avx512(tok);
+        }
+        TileEpilogue::Scalar
+    }
+
+    /// The epilogue of rows `rows` (consecutive) of group `g`, whose sums are `acc`, `[rows.len()][16]`.
+    fn finish(self, b: &Block, rows: Range<usize>, g: usize, acc: &[i32], out: &mut [f32]) {
+        match self {
+            TileEpilogue::Scalar => {
+                for (row, acc) in rows.zip(acc.chunks_exact(16)) {
+                    let acc: &[i32; 16] = acc.try_into().expect("16 lanes");
+                    b.finish(row, g, acc, &mut out[row * 16..(row + 1) * 16]);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            TileEpilogue::Avx512(tok) => crate::x86_64::w4a8::finish_rows_avx512(tok, b, rows, g, acc, out),
+        }
+    }
+}
+
 /// [`gemm_tiles`] or [`tiles_planes`], as `op` says.
 fn tiles_operand<T: TileUnit>(
     new_unit: &(dyn Fn() -> T + Sync),
@@ -741,68 +778,125 @@ fn tiles_operand<T: TileUnit>(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let kb = op.shape().kb;
+    let epilogue = TileEpilogue::live();
     run_blocks(a, op, bias, out, &|b, tile| {
         let mut unit = new_unit();
-        let result = block_tiles(&mut unit, b, kb, tile);
+        let result = block_tiles(&mut unit, b, kb, epilogue, tile);
         // Released on every path, success or error: the next kernel loads its own configuration.
         unit.release();
         result
     })
 }
 
-/// Tiles: 0 holds the i32 accumulators (rows × 16), 4 the activations (rows × kb bytes), 6 the codes
-/// (kb/4 rows × 64 bytes).
-fn block_tiles<T: TileUnit>(unit: &mut T, b: &Block, kb: usize, out: &mut [f32]) -> Result<(), TileError> {
-    let (c, ta, tb) = (0, 4, 6);
-    // The block's B tiles: K quad `r` is row `r`, channel `c`'s four codes at bytes 4c..4c+4 (of a pair,
-    // `16·hi + lo`).
-    let quads = b.kp / 4;
-    let mut expanded = vec![0u8; quads * CHUNK];
-    for (j, chunk) in b.w.chunks_exact(CHUNK).enumerate() {
-        for (i, &byte) in chunk.iter().enumerate() {
-            expanded[(2 * j) * CHUNK + i] = byte & 15;
-            expanded[(2 * j + 1) * CHUNK + i] = byte >> 4;
+/// The block's codes as `tdpbsud`'s B operand: K quad `r` is row `r` (64 bytes), channel `c`'s four codes
+/// at bytes `4c..4c + 4`; of an 8-bit pair, `16·hi + lo`. Each packed chunk holds two quads, its low
+/// nibbles and its high nibbles, so it expands into two rows.
+fn expand_codes(b: &Block, expanded: &mut Vec<u8>) {
+    expanded.clear();
+    expanded.resize(b.kp / 4 * CHUNK, 0);
+    let rows = expanded.chunks_exact_mut(2 * CHUNK);
+    match b.low {
+        None => {
+            for (pair, chunk) in rows.zip(b.w.chunks_exact(CHUNK)) {
+                let (lo, hi) = pair.split_at_mut(CHUNK);
+                for ((lo, hi), &byte) in lo.iter_mut().zip(hi).zip(chunk) {
+                    (*lo, *hi) = (byte & 15, byte >> 4);
+                }
+            }
         }
-    }
-    if let Some(low) = b.low {
-        for (j, chunk) in low.chunks_exact(CHUNK).enumerate() {
-            for (i, &byte) in chunk.iter().enumerate() {
-                expanded[(2 * j) * CHUNK + i] = expanded[(2 * j) * CHUNK + i] << 4 | (byte & 15);
-                expanded[(2 * j + 1) * CHUNK + i] = expanded[(2 * j + 1) * CHUNK + i] << 4 | (byte >> 4);
+        Some(low) => {
+            for ((pair, chunk), low) in rows.zip(b.w.chunks_exact(CHUNK)).zip(low.chunks_exact(CHUNK)) {
+                let (lo, hi) = pair.split_at_mut(CHUNK);
+                for (((lo, hi), &byte), &l) in lo.iter_mut().zip(hi).zip(chunk).zip(low) {
+                    (*lo, *hi) = ((byte & 15) << 4 | (l & 15), (byte >> 4) << 4 | (l >> 4));
+                }
             }
         }
     }
+}
+
+thread_local! {
+    /// A thread's expanded B operand, kept between blocks (`8·K` bytes × 2: 32 KiB at K = 2048).
+    static EXPANDED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Up to 32 rows per pass, in two row tiles that share each B tile: activations in tiles 4 and 5 (`rows ×
+/// kb` bytes), codes in 6 and 7 (`kb/4 × 64` bytes, alternating by K block so a load need not wait for the
+/// dot product reading the other), and i32 accumulators (`rows × 16`) in 0 and 1 for even groups, 2 and 3
+/// for odd ones. A group's sums go through memory to the epilogue; with the next group's accumulators in
+/// other tiles, its dot products need not wait for that store, so the two overlap.
+fn block_tiles<T: TileUnit>(
+    unit: &mut T,
+    b: &Block,
+    kb: usize,
+    epilogue: TileEpilogue,
+    out: &mut [f32],
+) -> Result<(), TileError> {
+    let mut expanded = EXPANDED.take();
+    expand_codes(b, &mut expanded);
+    let result = block_tiles_expanded(unit, b, kb, epilogue, &expanded, out);
+    EXPANDED.set(expanded);
+    result
+}
+
+fn block_tiles_expanded<T: TileUnit>(
+    unit: &mut T,
+    b: &Block,
+    kb: usize,
+    epilogue: TileEpilogue,
+    expanded: &[u8],
+    out: &mut [f32],
+) -> Result<(), TileError> {
     let x: &[u8] = bytemuck::cast_slice(b.x);
-    let mut acc_bytes = [0u8; 16 * 64];
-    let mut loaded_rows = 0;
+    // Per group parity, the stored sums of up to 32 rows.
+    let mut acc = [[0i32; 2 * 16 * 16]; 2];
+    let mut loaded = (0, 0);
+    let mut k_blocks = 0usize;
     let mut m0 = 0;
     while m0 < b.m {
-        let mr = 16.min(b.m - m0);
-        if mr != loaded_rows {
-            let cfg = TileConfig::new().with_tile(c, mr as u8, 64).with_tile(ta, mr as u8, kb as u16).with_tile(
-                tb,
-                (kb / 4) as u8,
-                64,
-            );
+        let r0 = 16.min(b.m - m0);
+        let r1 = 16.min(b.m - m0 - r0);
+        if (r0, r1) != loaded {
+            let mut cfg = TileConfig::new()
+                .with_tile(0, r0 as u8, 64)
+                .with_tile(2, r0 as u8, 64)
+                .with_tile(4, r0 as u8, kb as u16)
+                .with_tile(6, (kb / 4) as u8, 64)
+                .with_tile(7, (kb / 4) as u8, 64);
+            if r1 > 0 {
+                cfg = cfg.with_tile(1, r1 as u8, 64).with_tile(3, r1 as u8, 64).with_tile(5, r1 as u8, kb as u16);
+            }
             unit.load_config(&cfg)?;
-            loaded_rows = mr;
+            loaded = (r0, r1);
         }
+        let rows = r0 + r1;
         for (g, span) in b.spans.iter().enumerate() {
-            unit.zero(c)?;
+            let (c0, c1) = (2 * (g % 2), 2 * (g % 2) + 1);
+            unit.zero(c0)?;
+            if r1 > 0 {
+                unit.zero(c1)?;
+            }
             for k0 in span.clone().step_by(kb) {
-                unit.load(ta, &x[m0 * b.kp + k0..], b.kp)?;
+                let tb = 6 + k_blocks % 2;
+                k_blocks += 1;
                 unit.load(tb, &expanded[k0 / 4 * CHUNK..(k0 + kb) / 4 * CHUNK], 64)?;
-                unit.dpbsud(c, ta, tb)?;
+                unit.load(4, &x[m0 * b.kp + k0..], b.kp)?;
+                unit.dpbsud(c0, 4, tb)?;
+                if r1 > 0 {
+                    unit.load(5, &x[(m0 + r0) * b.kp + k0..], b.kp)?;
+                    unit.dpbsud(c1, 5, tb)?;
+                }
             }
-            unit.store(c, &mut acc_bytes, 64)?;
-            for r in 0..mr {
-                let acc: [i32; 16] = std::array::from_fn(|i| {
-                    i32::from_le_bytes(acc_bytes[r * 64 + 4 * i..r * 64 + 4 * i + 4].try_into().expect("4 bytes"))
-                });
-                b.finish(m0 + r, g, &acc, &mut out[(m0 + r) * 16..(m0 + r + 1) * 16]);
+            // With two row tiles the first is full, so the second's rows follow it.
+            let acc = &mut acc[g % 2];
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut acc[..]);
+            unit.store(c0, &mut bytes[..r0 * 64], 64)?;
+            if r1 > 0 {
+                unit.store(c1, &mut bytes[16 * 64..16 * 64 + r1 * 64], 64)?;
             }
+            epilogue.finish(b, m0..m0 + rows, g, &acc[..rows * 16], out);
         }
-        m0 += mr;
+        m0 += rows;
     }
     Ok(())
 }

@@ -19,6 +19,7 @@
 //! inner functions read only inside those.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use crate::isa::{Avx2Fma, Avx512, Avx512Vnni};
 use crate::w4a8::block::Block;
@@ -398,6 +399,59 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
             // SAFETY: as above.
             unsafe { _mm512_storeu_ps(o, acc_f) };
         }
+    }
+}
+
+/// [`Block::finish`] for the consecutive rows `rows` of group `g`, sixteen lanes at a time: the AMX
+/// tiling's epilogue. `acc` holds the rows' i32 sums, `[rows.len()][16]`, as a tile store leaves them.
+/// The arithmetic is `rows_vnni`'s epilogue, so the bits are [`Block::finish`]'s.
+pub(crate) fn finish_rows_avx512(
+    _tok: Avx512Vnni,
+    b: &Block,
+    rows: Range<usize>,
+    g: usize,
+    acc: &[i32],
+    out: &mut [f32],
+) {
+    assert!(params_cover(b), "a block's parameter tables hold 16 per group");
+    assert!(g < b.spans.len() && rows.end <= b.m, "group {g} and rows {rows:?} lie within the block");
+    assert!(acc.len() >= rows.len() * 16 && out.len() >= rows.end * 16);
+    // SAFETY: the token proves AVX-512 F/BW/VL; the asserts above are the function's contract.
+    unsafe { finish_rows_avx512_impl(b, rows, g, acc, out) }
+}
+
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL; `b`'s tables must cover its groups (`params_cover`), `g` must be
+/// one of its groups, `rows.end ≤ b.m`, `acc` must hold `rows.len() × 16` sums and `out` `rows.end × 16`
+/// values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn finish_rows_avx512_impl(b: &Block, rows: Range<usize>, g: usize, acc: &[i32], out: &mut [f32]) {
+    // SAFETY: the block's [G][16] zero points hold 16 at g·16 (the contract).
+    let z = b.zeros.map(|z| _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * 16).cast()) }));
+    // SAFETY: the block's [G][16] scales hold 16 at g·16, and this function runs with AVX-512F.
+    let ws = unsafe { params16(b.w_scales, g * 16) };
+    // SAFETY: as above, for the offsets.
+    let f = b.offsets.map(|f| unsafe { params16(f, g * 16) });
+    for (i, row) in rows.enumerate() {
+        let t = &b.terms[row * b.groups + g];
+        let zsum = match z {
+            Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(t.sum)),
+            None if b.low.is_some() => _mm512_set1_epi32(t.sum_times_128),
+            None => _mm512_set1_epi32(t.sum_times_8),
+        };
+        // SAFETY: i < rows.len(), so acc[16i .. 16i + 16] is within acc.
+        let a = unsafe { _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast()) };
+        let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, zsum));
+        let a_scale = _mm512_set1_ps(t.a_scale);
+        // SAFETY: row < rows.end, so out[row·16 .. +16] is within out.
+        let o = unsafe { out.as_mut_ptr().add(row * 16) };
+        // SAFETY: as above.
+        let mut acc_f = _mm512_fmadd_ps(v, _mm512_mul_ps(a_scale, ws), unsafe { _mm512_loadu_ps(o) });
+        if let Some(f) = f {
+            acc_f = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, f), acc_f);
+        }
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(o, acc_f) };
     }
 }
 
