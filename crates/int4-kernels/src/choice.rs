@@ -28,9 +28,12 @@ use crate::kernel_id::KernelId;
 /// few rows costs more than the products (docs/perf.md, "Dense layers: the GEMV up to 16 rows").
 pub const DENSE_GEMV_MAX_ROWS: usize = 16;
 
-/// W4A8 runs the AMX tiles from this many rows (one full tile of rows) and AVX-512 VNNI below: the tiles
-/// do not help a few rows. Not measured: no AMX host has been available to this project.
-pub const W4A8_AMX_MIN_ROWS: usize = 16;
+/// W4A8 runs the AMX tiles from this many rows and AVX-512 VNNI below. Measured on an Emerald Rapids
+/// (docs/perf.md, "AMX on hardware"; prompts of the default model's shape, three alternated rounds): at
+/// 32 rows and group 32 the tiles ran at 0.73× VNNI on two threads; from 64 rows they were as fast or
+/// faster at groups 32 and 128 on 2 and 16 threads (0.92–1.27× by the medians, 1.07–1.26× from 128 rows),
+/// where the noise between two runs of one kernel was about ±10%.
+pub const W4A8_AMX_MIN_ROWS: usize = 64;
 
 /// The rows from which a W8A16 layer runs its prefill kernel by default. The prefill's tiles of activation
 /// rows load and convert each code once for the whole tile, where the decode GEMV repeats that work per
@@ -402,7 +405,10 @@ mod tests {
         assert_eq!(choose(set(AVX2), spec).for_rows(1), W4a8Avx2);
         assert_eq!(choose(set(ZEN4), spec).for_rows(512), W4a8Vnni);
         let amx = choose(set(ZEN4).with(Feature::AmxInt8), spec);
-        assert_eq!((amx.for_rows(15), amx.for_rows(16), amx.prefill_from), (W4a8Vnni, W4a8Amx, W4A8_AMX_MIN_ROWS));
+        assert_eq!(
+            (amx.for_rows(W4A8_AMX_MIN_ROWS - 1), amx.for_rows(W4A8_AMX_MIN_ROWS), amx.prefill_from),
+            (W4a8Vnni, W4a8Amx, W4A8_AMX_MIN_ROWS)
+        );
         // AMX without VNNI for the decode half is not taken.
         assert_eq!(choose(set(AVX2).with(Feature::AmxInt8), spec).prefill, W4a8Avx2);
     }
