@@ -51,6 +51,17 @@ fn runnable_kernels(test: &str) -> Vec<(BoundKernels, &'static str)> {
     out
 }
 
+/// The AMX-INT8 token, for running the tiling on the hardware tiles beside the emulator; where this process
+/// has none, `test` reports the variant as skipped (a failure under `INT4_TEST_EVERYTHING=1`).
+#[cfg(target_arch = "x86_64")]
+fn hardware_tiles(test: &str) -> Option<int4_kernels::isa::AmxInt8> {
+    let tok = int4_kernels::isa::AmxInt8::new();
+    if tok.is_none() {
+        common::report_skip(test, "amx (hardware tiles, every row count)");
+    }
+    tok
+}
+
 /// How a test layer's zero points are held.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Zeros {
@@ -138,6 +149,8 @@ fn layer_of_positive_scales(rng: &mut Rng, n: usize, k: usize, group: GroupSize,
 #[test]
 fn every_kernel_is_bit_exact_against_the_reference() {
     let kernels = runnable_kernels("every_kernel_is_bit_exact_against_the_reference");
+    #[cfg(target_arch = "x86_64")]
+    let amx = hardware_tiles("every_kernel_is_bit_exact_against_the_reference");
     let mut rng = Rng::new(21);
     let mut cases = 0;
     for (n, k, group) in [
@@ -153,7 +166,7 @@ fn every_kernel_is_bit_exact_against_the_reference() {
             let l = layer(&mut rng, n, k, group, zeros);
             let packed = l.pack(group);
             let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
-            let ms: &[usize] = if n == 576 { &[1, 17, 512] } else { &[1, 2, 3, 4, 5, 16, 17, 40, 64] };
+            let ms: &[usize] = if n == 576 { &[1, 17, 512] } else { &[1, 2, 3, 4, 5, 16, 17, 40, 50, 64] };
             for &m in ms {
                 let x = rng.activations(m, k);
                 // Both activation granularities, alternating with M.
@@ -210,11 +223,18 @@ fn every_kernel_is_bit_exact_against_the_reference() {
                 let mut out = vec![f32::NAN; m * n];
                 gemm_tiles(&TileEmulator::new, &a, &packed, b, &mut out).unwrap();
                 check("tile emulator", &out);
+                // The hardware tiles at every row count, below the dispatch threshold too.
+                #[cfg(target_arch = "x86_64")]
+                if let Some(tok) = amx {
+                    let mut out = vec![f32::NAN; m * n];
+                    gemm_tiles(&|| int4_kernels::AmxTiles::new(tok), &a, &packed, b, &mut out).unwrap();
+                    check("hardware tiles", &out);
+                }
                 cases += 1;
             }
         }
     }
-    assert_eq!(cases, (6 * 9 + 3) * ZERO_KINDS.len());
+    assert_eq!(cases, (6 * 10 + 3) * ZERO_KINDS.len());
 }
 
 /// The result does not depend on how many threads split N.
@@ -256,7 +276,7 @@ fn decode_rows_in_one_call_get_the_bits_each_gets_alone() {
                 let l = W4A8Linear::with_kernels(packed.clone(), Some(bias.clone()), kernel)
                     .unwrap()
                     .with_activation_scales(granularity);
-                for m in [2, 17, 33] {
+                for m in [2, 17, int4_kernels::w4a8::AMX_MIN_ROWS + 1] {
                     let x = rng.activations(m, k);
                     let mut together = vec![f32::NAN; m * n];
                     let ran = l.forward_decode(&x, m, &mut together).unwrap();
@@ -495,7 +515,7 @@ fn a_forced_kernel_the_cpu_lacks_is_an_error() {
 fn every_isa_cap_dispatches_to_the_best_kernel_it_allows_bit_exactly() {
     use int4_kernels::isa::Feature;
     let mut rng = Rng::new(43);
-    // Enough rows for the AMX tiles (two row tiles, then a partial one), where the CPU has them.
+    // Enough rows for the AMX tiles, where the CPU has them: two passes of two row tiles, then eight rows.
     let (n, k, m, group) = (80, 200, int4_kernels::w4a8::AMX_MIN_ROWS + 8, GroupSize::G64);
     let l = layer(&mut rng, n, k, group, Zeros::Float);
     let packed = l.pack(group);
@@ -673,6 +693,8 @@ fn check_eight_bit_layer(
     rng: &mut Rng,
 ) {
     use int4_kernels::w4a8::int8::Int8Linear;
+    #[cfg(target_arch = "x86_64")]
+    let amx = hardware_tiles("eight_bit_weights_run_on_the_four_bit_kernels");
     let (g_len, groups) = (group.len(k), group.groups(k));
     let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
     for &m in ms {
@@ -709,6 +731,16 @@ fn check_eight_bit_layer(
             out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
             "AMX tiles (emulated): N={n} K={k} M={m}: not bit-identical"
         );
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tok) = amx {
+            let mut out = vec![f32::NAN; m * n];
+            let unit = || int4_kernels::AmxTiles::new(tok);
+            int4_kernels::w4a8::int8::gemm_tiles(&unit, &a, weights, Some(&bias), &mut out).unwrap();
+            assert!(
+                out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "AMX tiles (hardware): N={n} K={k} M={m}: not bit-identical"
+            );
+        }
         for &(kernel, name) in kernels {
             let l = Int8Linear::with_kernels(weights.clone(), Some(bias.clone()), kernel).unwrap();
             let mut out = vec![f32::NAN; m * n];
@@ -741,8 +773,8 @@ fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
     // a head-wide layer, 2¹⁶ + 16 outputs a row: past the output size from which the W4A8 driver gathers
     // several rows' tiles across threads (one row writes its output in place).
     for (n, k, group, ms) in [
-        (16, 64, GroupSize::G32, &[1, 3, 5, 12, 17][..]),
-        (48, 200, GroupSize::G32, &[1, 3, 5, 12, 17]),
+        (16, 64, GroupSize::G32, &[1, 3, 5, 12, 17, 40][..]),
+        (48, 200, GroupSize::G32, &[1, 3, 5, 12, 17, 40]),
         (144, 576, GroupSize::G128, &[1, 3, 17]),
         (65552, 32, GroupSize::G32, &[1, 2, 3]),
     ] {

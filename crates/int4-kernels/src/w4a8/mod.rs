@@ -694,7 +694,8 @@ fn gemm_operand(
         }),
         #[cfg(target_arch = "x86_64")]
         W4A8Kernel::Amx(tok) if a.m >= AMX_MIN_ROWS => {
-            tiles_operand(&|| crate::x86_64::amx::AmxTiles::new(tok), a, op, bias, out)
+            let epilogue = TileEpilogue::Avx512(tok.vnni());
+            tiles_operand(&|| crate::x86_64::amx::AmxTiles::new(tok), epilogue, a, op, bias, out)
         }
         #[cfg(target_arch = "x86_64")]
         W4A8Kernel::Amx(tok) => gemm_operand(W4A8Kernel::Vnni(tok.vnni()), a, op, bias, out),
@@ -717,7 +718,7 @@ pub fn gemm_tiles<T: TileUnit>(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    tiles_operand(new_unit, a, Operand::Four(w), bias, out)
+    tiles_operand(new_unit, TileEpilogue::live(), a, Operand::Four(w), bias, out)
 }
 
 /// [`gemm_tiles`] for the planes `hi` and `lo` of 8-bit weights, both in one pass (the AMX tiling of
@@ -729,7 +730,7 @@ pub(crate) fn tiles_planes<T: TileUnit>(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    tiles_operand(new_unit, a, Operand::Eight { hi, lo }, bias, out)
+    tiles_operand(new_unit, TileEpilogue::live(), a, Operand::Eight { hi, lo }, bias, out)
 }
 
 /// How the AMX tiling turns a group's i32 sums into f32: [`Block::finish`] row by row, or the same
@@ -743,9 +744,10 @@ enum TileEpilogue {
 }
 
 impl TileEpilogue {
-    /// The AVX-512 epilogue where this process may run it, else the scalar one: the hardware tiles always
-    /// have it (an AMX-INT8 token implies VNNI), and the tile emulator takes it on an AVX-512 CPU, so the
-    /// tests there check it against the reference bit for bit.
+    /// The AVX-512 epilogue where this process may run it, else the scalar one: what the tiling takes over
+    /// a unit given by the caller (the tile emulator in tests), so on an AVX-512 CPU the tests check the
+    /// AVX-512 epilogue against the reference bit for bit. The hardware tiles take the AVX-512 one from
+    /// their own token (AMX-INT8 implies VNNI).
     fn live() -> Self {
         #[cfg(target_arch = "x86_64")]
         if let Some(tok) = Avx512Vnni::new() {
@@ -772,13 +774,13 @@ impl TileEpilogue {
 /// [`gemm_tiles`] or [`tiles_planes`], as `op` says.
 fn tiles_operand<T: TileUnit>(
     new_unit: &(dyn Fn() -> T + Sync),
+    epilogue: TileEpilogue,
     a: &QuantizedActivations,
     op: Operand<'_>,
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let kb = op.shape().kb;
-    let epilogue = TileEpilogue::live();
     run_blocks(a, op, bias, out, &|b, tile| {
         let mut unit = new_unit();
         let result = block_tiles(&mut unit, b, kb, epilogue, tile);
@@ -792,6 +794,10 @@ fn tiles_operand<T: TileUnit>(
 /// at bytes `4c..4c + 4`; of an 8-bit pair, `16·hi + lo`. Each packed chunk holds two quads, its low
 /// nibbles and its high nibbles, so it expands into two rows.
 fn expand_codes(b: &Block, expanded: &mut Vec<u8>) {
+    assert!(
+        b.w.len() >= b.kp / 8 * CHUNK && b.low.is_none_or(|l| l.len() >= b.w.len()),
+        "a block holds kp/8 chunks of codes in each plane"
+    );
     expanded.clear();
     expanded.resize(b.kp / 4 * CHUNK, 0);
     let rows = expanded.chunks_exact_mut(2 * CHUNK);
@@ -981,5 +987,48 @@ impl W4A8Linear {
         let a = quantize_activations(x, m, &self.weights, self.activation_scales)?;
         gemm(kernel, &a, &self.weights, self.bias.as_deref(), out)?;
         Ok(kernel.id_for(m))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tile::TileEmulator;
+
+    /// The tiling's two epilogues give the same bits as the portable kernel, whichever one
+    /// [`TileEpilogue::live`] would take here: the scalar one runs on every machine, the AVX-512 one where
+    /// the process has VNNI. Rows 40 and 50 take a configuration change after two full row tiles, to one
+    /// tile and to a partial second one; offsets and integer zeros both appear.
+    #[test]
+    fn both_tile_epilogues_match_the_portable_kernel() {
+        let (n, k, group) = (48, 200, GroupSize::G64);
+        let groups = group.groups(k);
+        let codes = Codes::from_fn(n, k, |r, c| ((r * 7 + c * 3) % 16) as u8).unwrap();
+        let scales: Vec<f32> = (0..groups * n).map(|i| 0.01 + (i % 13) as f32 * 1e-3).collect();
+        let zeros: Vec<u8> = (0..groups * n).map(|i| (i % 16) as u8).collect();
+        let offsets: Vec<f32> = (0..groups * n).map(|i| (i % 5) as f32 * 0.01 - 0.02).collect();
+        for (zeros, offsets) in [(Some(&zeros[..]), None), (None, Some(&offsets[..]))] {
+            let w = W4A8Weights::pack(&codes, &scales, zeros, offsets, group).unwrap();
+            for m in [40, 50] {
+                let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+                let a = quantize_activations(&x, m, &w, ActivationScales::PerGroup).unwrap();
+                let mut want = vec![f32::NAN; m * n];
+                gemm(W4A8Kernel::Portable, &a, &w, None, &mut want).unwrap();
+                let mut epilogues = vec![("scalar", TileEpilogue::Scalar)];
+                #[cfg(target_arch = "x86_64")]
+                if let Some(tok) = Avx512Vnni::new() {
+                    epilogues.push(("avx512", TileEpilogue::Avx512(tok)));
+                }
+                for (name, epilogue) in epilogues {
+                    let mut got = vec![f32::NAN; m * n];
+                    tiles_operand(&TileEmulator::new, epilogue, &a, Operand::Four(&w), None, &mut got).unwrap();
+                    assert!(
+                        got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()),
+                        "{name} epilogue, M = {m}, zeros {}: not the portable kernel's bits",
+                        zeros.is_some()
+                    );
+                }
+            }
+        }
     }
 }

@@ -415,11 +415,13 @@ pub(crate) fn finish_rows_avx512(
 ) {
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     assert!(g < b.spans.len() && rows.end <= b.m, "group {g} and rows {rows:?} lie within the block");
-    assert!(acc.len() >= rows.len() * 16 && out.len() >= rows.end * 16);
+    assert!(acc.len() >= rows.len() * 16 && out.len() >= rows.end * 16, "16 sums a row in, 16 outputs a row out");
     // SAFETY: the token proves AVX-512 F/BW/VL; the asserts above are the function's contract.
     unsafe { finish_rows_avx512_impl(b, rows, g, acc, out) }
 }
 
+/// The body of [`finish_rows_avx512`].
+///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL; `b`'s tables must cover its groups (`params_cover`), `g` must be
 /// one of its groups, `rows.end ≤ b.m`, `acc` must hold `rows.len() × 16` sums and `out` `rows.end × 16`
