@@ -33,8 +33,8 @@
 //! W4A16 has portable, AVX2 + FMA, AVX-512 (f32 FMA and AVX512-BF16) and AMX-BF16 kernels; W4A8 has
 //! portable, AVX2, AVX-512 VNNI and AMX kernels; W8A16 has portable, AVX2 + FMA and AVX-512 kernels.
 //! Where a machine lacks AVX-512 VNNI, the VNNI kernel is tested under an emulated AVX-512 CPU
-//! (`scripts/avx512-emulator.sh`); both AMX tilings are tested on the tile emulator, and the AMX
-//! instructions themselves await an AMX host.
+//! (`scripts/avx512-emulator.sh`); both AMX tilings are tested on the tile emulator everywhere and on the
+//! hardware tiles where a host has them (`scripts/device-tests.sh` packs the tests for one).
 #![deny(missing_docs)]
 
 pub mod budget;
