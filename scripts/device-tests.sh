@@ -35,21 +35,27 @@ for line in sys.stdin:
         subprocess.run(["strip", sys.argv[1] + "/" + name], check=True)
         print(name)
 ' "$out/bin"
-    cat >"$out/run.sh" <<EOF
-#!/usr/bin/env bash
-# Runs every copied test binary with INT4_TEST_EVERYTHING=1 (see scripts/device-tests.sh).
-# The binaries read fixtures and insta snapshots under the checkout they were built in ($PWD). Where
-# this runner's checkout lies elsewhere, that path becomes a link to it; insta finds the workspace root
-# with cargo, which such a host lacks, so it is named.
-built=$PWD
-EOF
+    {
+        echo '#!/usr/bin/env bash'
+        echo '# Runs every copied test binary with INT4_TEST_EVERYTHING=1 (see scripts/device-tests.sh).'
+        echo '# The binaries read fixtures under the checkout they were built in (built=, below). Where this'
+        echo "# runner's checkout lies elsewhere, that path becomes a link to it; insta finds the workspace"
+        echo '# root with cargo, which such a host lacks, so it is named.'
+        printf 'built=%q\n' "$(pwd -P)"
+    } >"$out/run.sh"
     cat >>"$out/run.sh" <<'EOF'
 cd "$(dirname "$0")"
-here=$(cd ../.. && pwd)
-if [[ ! -e $built ]]; then
-    mkdir -p "$(dirname "$built")" && ln -s "$here" "$built"
+here=$(cd ../.. && pwd -P)
+if [[ -L $built && ! -e $built ]]; then
+    rm "$built" # a link left by an earlier run, to a checkout that is gone
 fi
-export INSTA_WORKSPACE_ROOT=$built INSTA_UPDATE=no
+if [[ ! -e $built ]]; then
+    mkdir -p "$(dirname "$built")" && ln -s "$here" "$built" ||
+        { echo "run.sh: cannot link $built to $here, where the tests read their fixtures" >&2; exit 2; }
+elif [[ ! $built -ef $here ]]; then
+    echo "run.sh: warning: $built is another checkout; the tests read their fixtures there" >&2
+fi
+export INSTA_WORKSPACE_ROOT=$here INSTA_UPDATE=no
 log="${OUT:-/tmp}/device-tests.log"
 {
     echo "== CPU"
