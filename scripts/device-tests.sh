@@ -46,14 +46,14 @@ for line in sys.stdin:
     cat >>"$out/run.sh" <<'EOF'
 cd "$(dirname "$0")"
 here=$(cd ../.. && pwd -P)
-if [[ -L $built && ! -e $built ]]; then
-    rm "$built" # a link left by an earlier run, to a checkout that is gone
+if [[ -L $built && ! $built -ef $here ]]; then
+    rm "$built" # a link left by an earlier run, to another checkout or one that is gone
 fi
 if [[ ! -e $built ]]; then
     mkdir -p "$(dirname "$built")" && ln -s "$here" "$built" ||
         { echo "run.sh: cannot link $built to $here, where the tests read their fixtures" >&2; exit 2; }
 elif [[ ! $built -ef $here ]]; then
-    echo "run.sh: warning: $built is another checkout; the tests read their fixtures there" >&2
+    echo "run.sh: warning: $built is not this checkout; the tests read their fixtures there" >&2
 fi
 export INSTA_WORKSPACE_ROOT=$here INSTA_UPDATE=no
 log="${OUT:-/tmp}/device-tests.log"

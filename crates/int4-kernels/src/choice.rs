@@ -30,9 +30,9 @@ pub const DENSE_GEMV_MAX_ROWS: usize = 16;
 
 /// W4A8 runs the AMX tiles from this many rows and AVX-512 VNNI below. Measured on an Emerald Rapids
 /// (docs/perf.md, "AMX on hardware"; prompts of the default model's shape, three alternated rounds): at
-/// 32 rows and group 32 the tiles ran at 0.73× VNNI on two threads; from 64 rows they were within the
-/// noise of VNNI or faster at groups 32 and 128 on 2 and 16 threads (0.92–1.27× by the medians, 1.07–1.26×
-/// from 128 rows), where two runs of one kernel differed by about ±10%.
+/// 32 rows and group 32 the tiles ran at 0.73× VNNI on two threads (every round); from 64 rows, at groups
+/// 32 and 128 on 2 and 16 threads, no loss showed beyond the noise (VNNI against itself: 0.89–1.34× per
+/// round), and at 512 rows the tiles won every round (1.07–1.37×).
 pub const W4A8_AMX_MIN_ROWS: usize = 64;
 
 /// The rows from which a W8A16 layer runs its prefill kernel by default. The prefill's tiles of activation

@@ -223,7 +223,7 @@ fn every_kernel_is_bit_exact_against_the_reference() {
                 let mut out = vec![f32::NAN; m * n];
                 gemm_tiles(&TileEmulator::new, &a, &packed, b, &mut out).unwrap();
                 check("tile emulator", &out);
-                // The hardware tiles at every row count, below the dispatch threshold too.
+                // The hardware tiles at each of these row counts, below the dispatch threshold too.
                 #[cfg(target_arch = "x86_64")]
                 if let Some(tok) = amx {
                     let mut out = vec![f32::NAN; m * n];
@@ -694,7 +694,7 @@ fn check_eight_bit_layer(
 ) {
     use int4_kernels::w4a8::int8::Int8Linear;
     #[cfg(target_arch = "x86_64")]
-    let amx = hardware_tiles("eight_bit_weights_run_on_the_four_bit_kernels");
+    let amx = hardware_tiles("check_eight_bit_layer");
     let (g_len, groups) = (group.len(k), group.groups(k));
     let bias: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
     for &m in ms {
@@ -760,10 +760,10 @@ fn check_eight_bit_layer(
     }
 }
 
-/// 8-bit weights as two 4-bit planes: every kernel (and the AMX tiling, emulated) gives the documented
-/// arithmetic's bits, one exact integer sum and one multiply-add per group, within the f32 budget of the
-/// exact `Σ xq·q·a_s·s`; a Q8_0-style tensor (`d·q`, every
-/// group reaching ±127) is found again exactly; the embedding lookup decodes `q·s`.
+/// 8-bit weights as two 4-bit planes: every kernel (and the AMX tiling, emulated and on hardware tiles)
+/// gives the documented arithmetic's bits, one exact integer sum and one multiply-add per group, within
+/// the f32 budget of the exact `Σ xq·q·a_s·s`; a Q8_0-style tensor (`d·q`, every group reaching ±127) is
+/// found again exactly; the embedding lookup decodes `q·s`.
 #[test]
 fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
     use int4_kernels::w4a8::int8::Int8Weights;

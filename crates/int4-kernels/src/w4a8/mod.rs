@@ -1014,6 +1014,7 @@ mod tests {
                 let a = quantize_activations(&x, m, &w, ActivationScales::PerGroup).unwrap();
                 let mut want = vec![f32::NAN; m * n];
                 gemm(W4A8Kernel::Portable, &a, &w, None, &mut want).unwrap();
+                #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
                 let mut epilogues = vec![("scalar", TileEpilogue::Scalar)];
                 #[cfg(target_arch = "x86_64")]
                 if let Some(tok) = Avx512Vnni::new() {
