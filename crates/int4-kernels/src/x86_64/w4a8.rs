@@ -369,42 +369,76 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
                 }
             }
         }
-        // The group's zero points, scales and offsets, shared by its rows.
-        // SAFETY: the block's [G][16] zero points hold 16 at g·16.
-        let z = b.zeros.map(|z| _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * 16).cast()) }));
-        // SAFETY: the block's [G][16] scales hold 16 at g·16, and this function runs with AVX-512F.
-        let ws = unsafe { params16(b.w_scales, g * 16) };
-        // SAFETY: as above, for the offsets.
-        let f = b.offsets.map(|f| unsafe { params16(f, g * 16) });
+        // SAFETY: this function runs with AVX-512F; g is one of the block's groups, whose tables cover it.
+        let params = unsafe { GroupParams16::load(b, g) };
         for (r, &acc) in acc.iter().enumerate() {
-            let row = r0 + r;
-            let t = &b.terms[row * b.groups + g];
-            // z·Σx per lane; with the implicit zero 8 (a pair's 128) the same wrapping product, taken once
-            // per call.
-            let zsum = match z {
-                Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(t.sum)),
-                None if PAIR => _mm512_set1_epi32(t.sum_times_128),
-                None => _mm512_set1_epi32(t.sum_times_8),
-            };
-            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zsum));
-            let a_scale = _mm512_set1_ps(t.a_scale);
-            let s = _mm512_mul_ps(a_scale, ws);
-            // SAFETY: row < m, so out[row·16 .. +16] is within out.
-            let o = unsafe { out.as_mut_ptr().add(row * 16) };
-            // SAFETY: as above.
-            let mut acc_f = _mm512_fmadd_ps(v, s, unsafe { _mm512_loadu_ps(o) });
-            if let Some(f) = f {
-                acc_f = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, f), acc_f);
-            }
-            // SAFETY: as above.
-            unsafe { _mm512_storeu_ps(o, acc_f) };
+            // SAFETY: as above; r0 + r < m, and out holds m × 16 values (this function's contract).
+            unsafe { params.finish_row(b, r0 + r, g, acc, PAIR, out) };
         }
+    }
+}
+
+/// One group's parameters for a block's sixteen channels, as the AVX-512 epilogue uses them: integer zero
+/// points (`None`: the implicit 8, or a pair's 128), scales, and float offsets (`None`: 0).
+#[derive(Clone, Copy)]
+struct GroupParams16 {
+    zeros: Option<__m512i>,
+    scales: __m512,
+    offsets: Option<__m512>,
+}
+
+impl GroupParams16 {
+    /// Group `g`'s parameters.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `b`'s `[G][16]` tables must hold 16 values at `g·16`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(b: &Block, g: usize) -> Self {
+        // SAFETY: the zero-point table holds 16 bytes at g·16 (the caller's contract).
+        let zeros = b.zeros.map(|z| _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * 16).cast()) }));
+        // SAFETY: as above, for the scales and the offsets.
+        let (scales, offsets) = unsafe { (params16(b.w_scales, g * 16), b.offsets.map(|f| params16(f, g * 16))) };
+        GroupParams16 { zeros, scales, offsets }
+    }
+
+    /// [`Block::finish`] for row `row`, whose sums for this group are `acc`, sixteen lanes at a time:
+    /// `out = fma(acc − z·Σx, a_s·w_s, out)`, then with offsets `out = fma(Σx, a_s·f, out)`, each product
+    /// and multiply-add rounded as there, so the bits are the same. `pair`: the block is an 8-bit pair
+    /// (zero point 128).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `row` must be one of `b`'s rows and `g` one of its groups (its terms
+    /// hold `m × groups`), and `out` must hold at least `(row + 1) × 16` values.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn finish_row(&self, b: &Block, row: usize, g: usize, acc: __m512i, pair: bool, out: &mut [f32]) {
+        let t = &b.terms[row * b.groups + g];
+        // z·Σx per lane; with the implicit zero 8 (a pair's 128) the same wrapping product, taken once per
+        // call.
+        let zsum = match self.zeros {
+            Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(t.sum)),
+            None if pair => _mm512_set1_epi32(t.sum_times_128),
+            None => _mm512_set1_epi32(t.sum_times_8),
+        };
+        let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zsum));
+        let a_scale = _mm512_set1_ps(t.a_scale);
+        // SAFETY: out holds (row + 1) × 16 values (the caller's contract).
+        let o = unsafe { out.as_mut_ptr().add(row * 16) };
+        // SAFETY: as above.
+        let mut acc_f = _mm512_fmadd_ps(v, _mm512_mul_ps(a_scale, self.scales), unsafe { _mm512_loadu_ps(o) });
+        if let Some(f) = self.offsets {
+            acc_f = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, f), acc_f);
+        }
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(o, acc_f) };
     }
 }
 
 /// [`Block::finish`] for the consecutive rows `rows` of group `g`, sixteen lanes at a time: the AMX
 /// tiling's epilogue. `acc` holds the rows' i32 sums, `[rows.len()][16]`, as a tile store leaves them.
-/// The arithmetic is `rows_vnni`'s epilogue, so the bits are [`Block::finish`]'s.
+/// The arithmetic is `rows_vnni`'s epilogue (one [`GroupParams16::finish_row`]), so the bits are
+/// [`Block::finish`]'s.
 pub(crate) fn finish_rows_avx512(
     _tok: Avx512Vnni,
     b: &Block,
@@ -428,32 +462,13 @@ pub(crate) fn finish_rows_avx512(
 /// values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn finish_rows_avx512_impl(b: &Block, rows: Range<usize>, g: usize, acc: &[i32], out: &mut [f32]) {
-    // SAFETY: the block's [G][16] zero points hold 16 at g·16 (the contract).
-    let z = b.zeros.map(|z| _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(z.as_ptr().add(g * 16).cast()) }));
-    // SAFETY: the block's [G][16] scales hold 16 at g·16, and this function runs with AVX-512F.
-    let ws = unsafe { params16(b.w_scales, g * 16) };
-    // SAFETY: as above, for the offsets.
-    let f = b.offsets.map(|f| unsafe { params16(f, g * 16) });
+    // SAFETY: AVX-512F, and g's tables cover it (the contract).
+    let params = unsafe { GroupParams16::load(b, g) };
     for (i, row) in rows.enumerate() {
-        let t = &b.terms[row * b.groups + g];
-        let zsum = match z {
-            Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(t.sum)),
-            None if b.low.is_some() => _mm512_set1_epi32(t.sum_times_128),
-            None => _mm512_set1_epi32(t.sum_times_8),
-        };
         // SAFETY: i < rows.len(), so acc[16i .. 16i + 16] is within acc.
         let a = unsafe { _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast()) };
-        let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, zsum));
-        let a_scale = _mm512_set1_ps(t.a_scale);
-        // SAFETY: row < rows.end, so out[row·16 .. +16] is within out.
-        let o = unsafe { out.as_mut_ptr().add(row * 16) };
-        // SAFETY: as above.
-        let mut acc_f = _mm512_fmadd_ps(v, _mm512_mul_ps(a_scale, ws), unsafe { _mm512_loadu_ps(o) });
-        if let Some(f) = f {
-            acc_f = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, f), acc_f);
-        }
-        // SAFETY: as above.
-        unsafe { _mm512_storeu_ps(o, acc_f) };
+        // SAFETY: row < rows.end ≤ m, g is a group, and out holds rows.end × 16 values (the contract).
+        unsafe { params.finish_row(b, row, g, a, b.low.is_some(), out) };
     }
 }
 
