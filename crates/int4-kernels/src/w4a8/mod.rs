@@ -133,13 +133,16 @@ pub fn quantize_activations(
     let mut data = vec![0i8; m * kp];
     let mut scales = vec![0.0f32; m * groups];
     let mut sums = vec![0i32; m * groups];
-    // AVX-512 runs the same rule sixteen values at a time, to the same bits (tested against this one).
+    // AVX-512 and AVX2 run the same rule sixteen and eight values at a time, to the same bits (tested
+    // against this one).
     #[cfg(target_arch = "x86_64")]
-    let wide = crate::isa::Avx512::new();
+    let (wide, avx2) = (crate::isa::Avx512::new(), crate::isa::Avx2Fma::new());
     let amax = |v: &[f32]| {
         #[cfg(target_arch = "x86_64")]
         if let Some(tok) = wide {
             return crate::x86_64::w4a8::amax_avx512(tok, v);
+        } else if let Some(tok) = avx2 {
+            return crate::x86_64::w4a8::amax_avx2(tok, v);
         }
         amax(v)
     };
@@ -147,6 +150,8 @@ pub fn quantize_activations(
         #[cfg(target_arch = "x86_64")]
         if let Some(tok) = wide {
             return crate::x86_64::w4a8::quantize_avx512(tok, src, s, dst);
+        } else if let Some(tok) = avx2 {
+            return crate::x86_64::w4a8::quantize_avx2(tok, src, s, dst);
         }
         for (d, &v) in dst.iter_mut().zip(src) {
             *d = quantize_one(v, s);

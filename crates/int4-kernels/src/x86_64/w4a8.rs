@@ -1,4 +1,5 @@
-//! The W4A8 block kernels: AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`).
+//! The W4A8 block kernels: AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`), and the activation
+//! quantization's AVX2 and AVX-512 loops (the portable rule's bits, eight and sixteen values at a time).
 //!
 //! Both read one 16-channel block's packed codes 64 bytes (8 input channels) at a time, split the nibbles
 //! with an AND and a shift into two K quads of unsigned codes (of an 8-bit pair, [`Block::low`]: VNNI
@@ -547,6 +548,79 @@ unsafe fn quantize_avx512_impl(src: &[f32], s: f32, dst: &mut [i8]) -> i32 {
     total
 }
 
+/// [`amax_avx512`] eight at a time, for AVX2: the same value.
+pub(crate) fn amax_avx2(_tok: Avx2Fma, v: &[f32]) -> f32 {
+    // SAFETY: the token proves AVX2; the function reads only within `v`.
+    unsafe { amax_avx2_impl(v) }
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn amax_avx2_impl(v: &[f32]) -> f32 {
+    let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let mut acc = _mm256_setzero_ps();
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        // SAFETY: the chunk holds 8 floats.
+        let x = _mm256_and_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, magnitude);
+        // `vmaxps` returns its second operand when either is NaN: a NaN `x` leaves `acc` as it was.
+        acc = _mm256_max_ps(x, acc);
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    // The lanes hold no NaN, so their maximum is the same in any order.
+    let wide = lanes.iter().fold(0.0f32, |a, &v| a.max(v));
+    chunks.remainder().iter().fold(wide, |a, v| a.max(v.abs()))
+}
+
+/// [`quantize_avx512`] eight at a time, for AVX2: the same f32 division and `1.5·2²³` additions, a NaN
+/// to 0, the same bits. Returns `Σ dst`.
+pub(crate) fn quantize_avx2(_tok: Avx2Fma, src: &[f32], s: f32, dst: &mut [i8]) -> i32 {
+    assert_eq!(src.len(), dst.len(), "quantize_avx2 of slices of different lengths");
+    // SAFETY: the token proves AVX2; the function reads and writes only within the two slices.
+    unsafe { quantize_avx2_impl(src, s, dst) }
+}
+
+/// # Safety
+/// The CPU must support AVX2; `src` and `dst` must be the same length.
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2_impl(src: &[f32], s: f32, dst: &mut [i8]) -> i32 {
+    let (scale, lo, hi, magic) =
+        (_mm256_set1_ps(s), _mm256_set1_ps(-127.0), _mm256_set1_ps(127.0), _mm256_set1_ps(ROUND_MAGIC));
+    let mut sum = _mm256_setzero_si256();
+    let whole = src.len() - src.len() % 8;
+    for i in (0..whole).step_by(8) {
+        // SAFETY: i + 8 ≤ whole ≤ src.len().
+        let t = _mm256_div_ps(unsafe { _mm256_loadu_ps(src.as_ptr().add(i)) }, scale);
+        // `vmaxps`/`vminps` return the second operand when either is NaN: a NaN stays NaN, as through
+        // `f32::clamp`.
+        let t = _mm256_min_ps(hi, _mm256_max_ps(lo, t));
+        let r = _mm256_sub_ps(_mm256_add_ps(t, magic), magic);
+        // A NaN becomes 0, as `as i8` makes it (its conversion, 0x80000000, is masked off); every other
+        // value is an integer in −127..=127.
+        let ordered = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+        let q = _mm256_and_si256(_mm256_cvtps_epi32(r), ordered);
+        sum = _mm256_add_epi32(sum, q);
+        // Narrow to bytes: within each 128-bit half, i32 → i16 → i8 without saturating (|q| ≤ 127), so
+        // each half's low four bytes are its four values.
+        let b = _mm256_packs_epi16(_mm256_packs_epi32(q, q), _mm256_setzero_si256());
+        let bytes = _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+        // SAFETY: i + 8 ≤ dst.len() (the same length as src).
+        unsafe { _mm_storel_epi64(dst.as_mut_ptr().add(i).cast(), bytes) };
+    }
+    let mut lanes = [0i32; 8];
+    // SAFETY: `lanes` holds 8 i32.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum) };
+    let mut total: i32 = lanes.iter().sum();
+    for (d, &v) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = quantize_one(v, s);
+        total += i32::from(*d);
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -561,28 +635,49 @@ mod tests {
             assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "no AVX-512 to test");
             return eprintln!("activations_quantize_on_avx512_to_the_portable_bits: SKIPPED (no AVX-512F)");
         };
-        // NaNs filling the last whole vector, after the largest value: passed over, not propagated.
+        quantizes_to_the_portable_bits(|v| amax_avx512(tok, v), |src, s, dst| quantize_avx512(tok, src, s, dst));
+    }
+
+    /// AVX2 quantizes activations to the bits of the portable rule, as AVX-512 does (lengths with and
+    /// without an 8-value tail among the same cases).
+    #[test]
+    fn activations_quantize_on_avx2_to_the_portable_bits() {
+        let Some(tok) = Avx2Fma::new() else {
+            assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "no AVX2 to test");
+            return eprintln!("activations_quantize_on_avx2_to_the_portable_bits: SKIPPED (no AVX2)");
+        };
+        quantizes_to_the_portable_bits(|v| amax_avx2(tok, v), |src, s, dst| quantize_avx2(tok, src, s, dst));
+    }
+
+    fn quantizes_to_the_portable_bits(amax: impl Fn(&[f32]) -> f32, quantize: impl Fn(&[f32], f32, &mut [i8]) -> i32) {
+        // NaNs filling the last whole vectors, after the largest value: passed over, not propagated.
         let mut late_nan: Vec<f32> = (0..40).map(|i| i as f32 * 0.25).collect();
         late_nan[3] = -90.0;
         late_nan[16..32].fill(f32::NAN);
-        assert_eq!(amax_avx512(tok, &late_nan), 90.0);
+        assert_eq!(amax(&late_nan), 90.0);
+        // The largest magnitude in every position of a vector, of the tail, and of either sign.
+        for at in 0..37 {
+            let mut v: Vec<f32> = (0..37).map(|i| (i % 5) as f32 * 0.5).collect();
+            v[at] = if at % 2 == 0 { 9.0 } else { -9.0 };
+            assert_eq!(amax(&v), 9.0, "largest at {at}");
+        }
         let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, 1e-30, -1e30, 127.5, -127.5, 126.5];
         let mut values: Vec<f32> = special.to_vec();
         values.extend((0..600).map(|i| (i as f32 - 300.0) * 0.5)); // every half from −150 to 149.5
         values.extend((0..300).map(|i| ((i * 7919) as f32 * 0.001).sin() * 140.0));
         for s in [1.0f32, 0.37, 1.0 / 127.0, 3.5e-3] {
-            let lens = [0usize, 1, 15, 16, 17, 31, 32, 100, values.len()];
+            let lens = [0usize, 1, 7, 8, 9, 15, 16, 17, 23, 31, 32, 100, values.len()];
             // The head of the values (the special ones first) and their tail.
             let slices = lens.iter().flat_map(|&len| [&values[..len], &values[values.len() - len..]]);
             for src in slices {
                 let len = src.len();
                 let want: Vec<i8> = src.iter().map(|&v| quantize_one(v, s)).collect();
                 let mut got = vec![99i8; len];
-                let sum = quantize_avx512(tok, src, s, &mut got);
+                let sum = quantize(src, s, &mut got);
                 assert_eq!(got, want, "scale {s} len {len}");
                 assert_eq!(sum, want.iter().map(|&v| i32::from(v)).sum::<i32>(), "scale {s} len {len}");
-                let amax = src.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                assert_eq!(amax_avx512(tok, src).to_bits(), amax.to_bits(), "len {len}");
+                let want_amax = src.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                assert_eq!(amax(src).to_bits(), want_amax.to_bits(), "len {len}");
             }
         }
     }
