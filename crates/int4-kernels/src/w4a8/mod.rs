@@ -582,72 +582,76 @@ fn run_blocks(
     }
     let spans: Vec<Range<usize>> = (0..w.groups).map(|g| w.group_span(g)).collect();
     let terms = RowGroupTerms::table(&a.scales, &a.sums);
-    // One row's stored tiles, `[N/16][1][16]`, are `out` itself; otherwise the tiles are gathered into
-    // `out` after, from a buffer this thread keeps between calls: a fresh one of this size (3 MiB for 16
-    // rows of a 49,152-row head) would come from the OS each time, zeroed page by page on first touch.
-    // Every task sets its own tiles first, so the buffer's old contents never matter.
-    let direct = m == 1;
-    let mut gathered = if direct { Vec::new() } else { GATHER.take() };
-    let tiles = if direct {
-        &mut *out
-    } else {
-        gathered.resize(w.n / 16 * m * 16, 0.0);
-        &mut gathered
-    };
     // Keep tasks to at least ~64 K weight bytes × rows so small layers are not drowned in scheduling.
     let min_blocks = (65536 / (w.k_padded * 8 * m).max(1)).max(1);
-    tiles
-        .par_chunks_mut(m * 16)
-        .with_min_len(min_blocks)
-        .enumerate()
-        .try_for_each(|(nb, tile)| {
-            // The tile starts at the bias, or at zeros.
-            match bias {
-                Some(b) => {
-                    let b16 = &b[nb * 16..nb * 16 + 16];
-                    for row in tile.chunks_exact_mut(16) {
-                        row.copy_from_slice(b16);
-                    }
-                }
-                None => tile.fill(0.0),
+    // The tile starts at the bias, or at zeros.
+    let start = |nb: usize, tile: &mut [f32]| match bias {
+        Some(b) => {
+            let b16 = &b[nb * 16..nb * 16 + 16];
+            for row in tile.chunks_exact_mut(16) {
+                row.copy_from_slice(b16);
             }
-            per_block(&op.block(nb, &a.data, m, &terms, &spans), tile)
-        })
-        .map_err(KernelError::from)?;
-    if !direct {
-        gather(&gathered, m, w.n, out);
-        if gathered.capacity() <= GATHER_KEEP_FLOATS {
-            GATHER.set(gathered);
         }
-    }
-    Ok(())
-}
-
-/// From this many output values, [`gather`] splits its work over the pool (a 16-row head's 786,432);
-/// a layer's few thousand take a microsecond or two on one thread, less than a hand-off.
-const PARALLEL_GATHER_FLOATS: usize = 1 << 16;
-
-/// Writes tiles `[N/16][m][16]` into `out[m][n]`, in parallel over rows once the output is large. (A
-/// single row never comes here from [`run_blocks`]: its tiles are `out` itself.)
-fn gather(tiles: &[f32], m: usize, n: usize, out: &mut [f32]) {
-    let row = |(r, dst): (usize, &mut [f32])| {
-        for (nb, d) in dst.chunks_exact_mut(16).enumerate() {
-            d.copy_from_slice(&tiles[(nb * m + r) * 16..(nb * m + r + 1) * 16]);
-        }
+        None => tile.fill(0.0),
     };
-    if m * n >= PARALLEL_GATHER_FLOATS {
-        out.par_chunks_mut(n).enumerate().for_each(row);
+    let run = |nb: usize, tile: &mut [f32]| {
+        start(nb, tile);
+        per_block(&op.block(nb, &a.data, m, &terms, &spans), tile)
+    };
+    if m == 1 {
+        // One row's tiles, `[N/16][1][16]`, are `out` itself.
+        out.par_chunks_mut(16).with_min_len(min_blocks).enumerate().try_for_each(|(nb, tile)| run(nb, tile))
     } else {
-        out.chunks_mut(n).enumerate().for_each(row);
+        // Each task runs its blocks in a tile of its own, small enough to stay in cache, and stores each
+        // into the block's sixteen columns of `out`.
+        let columns = BlockColumns::new(out, m, w.n);
+        (0..w.n / 16).into_par_iter().with_min_len(min_blocks).try_for_each_init(
+            || vec![0.0f32; m * 16],
+            |tile, nb| {
+                run(nb, tile)?;
+                // SAFETY: the parallel loop hands each block index `nb` to exactly one task.
+                unsafe { columns.store(nb, tile) };
+                Ok(())
+            },
+        )
     }
+    .map_err(KernelError::from)
 }
 
-/// The most floats of a gather buffer [`run_blocks`] keeps for its thread's next call (16 MiB).
-const GATHER_KEEP_FLOATS: usize = 4 << 20;
+/// `out[m][n]` as the tasks of one product write it: each stores the `[m][16]` tiles of its blocks into
+/// those blocks' sixteen columns of every row, so no two tasks write the same value, and nothing reads
+/// `out` while they run (the borrow is held for the product).
+struct BlockColumns<'a> {
+    out: *mut f32,
+    m: usize,
+    n: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
 
-thread_local! {
-    /// [`run_blocks`]' gather buffer, kept between the calls of one thread.
-    static GATHER: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+// SAFETY: `out` is written only through `store`, whose callers write disjoint columns (its contract), so
+// tasks on other threads never touch the same value; the exclusive borrow of `out` outlives them.
+unsafe impl Send for BlockColumns<'_> {}
+// SAFETY: as above; shared references only reach `store`.
+unsafe impl Sync for BlockColumns<'_> {}
+
+impl<'a> BlockColumns<'a> {
+    fn new(out: &'a mut [f32], m: usize, n: usize) -> Self {
+        assert_eq!(out.len(), m * n, "BlockColumns over an output that is not [m][n]");
+        BlockColumns { out: out.as_mut_ptr(), m, n, _out: std::marker::PhantomData }
+    }
+
+    /// Stores block `nb`'s tile (`[m][16]`) into columns `nb·16 .. nb·16 + 16` of every row.
+    ///
+    /// # Safety
+    /// No other call with the same `nb` may run at the same time: each block's columns have one writer.
+    unsafe fn store(&self, nb: usize, tile: &[f32]) {
+        assert!(tile.len() == self.m * 16 && (nb + 1) * 16 <= self.n, "a block tile outside the output");
+        for (r, row) in tile.chunks_exact(16).enumerate() {
+            // SAFETY: r < m and nb·16 + 16 ≤ n (asserted), so the 16 values lie within `out` (`m·n`, checked
+            // in `new`) and within row r; no other task writes them (the caller's contract).
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), self.out.add(r * self.n + nb * 16), 16) };
+        }
+    }
 }
 
 /// `out[M][N] = dequant(a)·Wᵀ (+ bias)` on `kernel`.
