@@ -170,7 +170,7 @@ impl DenseLinear {
     fn gemm(&self, loops: InnerLoops, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.n, self.k);
         let lanes = n.div_ceil(16);
-        let mut tiles = vec![0.0f32; lanes * m * 16];
+        let mut tiles = gemm::take_tiles(lanes * m * 16);
         // The weights' type is matched once per panel, not per element: at a few rows the panels, not the
         // microkernel, are most of the work.
         let produce = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
@@ -187,6 +187,7 @@ impl DenseLinear {
         gemm::panel_gemm(loops, None, x, m, k, &mut tiles, &produce);
         let channels: Vec<[u32; 16]> = (0..lanes).map(|lg| std::array::from_fn(|j| (lg * 16 + j) as u32)).collect();
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+        gemm::keep_tiles(tiles);
     }
 }
 

@@ -30,8 +30,9 @@ pub(crate) enum InnerLoops {
     Portable,
 }
 
-/// Fills `tiles` (`[lanes][m][16]`, zeroed by the caller) with `Σ_k x[r][k]·panel_lg[k][j]`, where
-/// `produce(lg, k0, k1, panel)` writes lane group `lg`'s panel for input channels `k0..k1`.
+/// Fills `tiles` (`[lanes][m][16]`, of any contents: each task zeroes its own part) with
+/// `Σ_k x[r][k]·panel_lg[k][j]`, where `produce(lg, k0, k1, panel)` writes lane group `lg`'s panel for input
+/// channels `k0..k1`.
 ///
 /// With `wide`, the microkernel is the AVX-512 one, two lane groups per call (a 512-bit register per row
 /// and lane group): each output is the same chain of fused multiply-adds over `k` in order as on the
@@ -48,6 +49,7 @@ pub(crate) fn panel_gemm(
     assert_eq!(x.len(), m * k);
     assert_eq!(tiles.len() % (m * 16), 0);
     tiles.par_chunks_mut(m * 16 * LANES_PER_TASK).enumerate().for_each(|(task, tiles)| {
+        tiles.fill(0.0);
         let lg0 = task * LANES_PER_TASK;
         let lanes = tiles.len() / (m * 16);
         let mut panels = vec![0.0f32; lanes * KC.min(k) * 16];
@@ -92,6 +94,35 @@ pub(crate) fn panel_gemm(
     });
 }
 
+/// A product's lane-group tiles (`len` floats), kept by the calling thread between products: a fresh
+/// buffer for a prompt (megabytes) would be zeroed on one thread before the parallel loop, or come from
+/// the OS page by page. Its contents are whatever the last product left; every writer of tiles sets each
+/// value first ([`panel_gemm`] zeroes each task's part in the task). Return it with [`keep_tiles`].
+pub(crate) fn take_tiles(len: usize) -> Vec<f32> {
+    let mut tiles = TILES.take();
+    if tiles.len() < len {
+        tiles.resize(len, 0.0);
+    }
+    tiles.truncate(len);
+    tiles
+}
+
+/// Gives `tiles` back to [`take_tiles`]' thread for its next product, unless it is larger than
+/// [`KEEP_TILE_FLOATS`].
+pub(crate) fn keep_tiles(tiles: Vec<f32>) {
+    if tiles.capacity() <= KEEP_TILE_FLOATS {
+        TILES.set(tiles);
+    }
+}
+
+/// The most floats of tiles a thread keeps between products (16 MiB).
+const KEEP_TILE_FLOATS: usize = 4 << 20;
+
+thread_local! {
+    /// [`take_tiles`]' buffer.
+    static TILES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Activation rows per bf16 microkernel call: with two lane groups per call, twelve independent
 /// `vdpbf16ps` accumulator chains, enough to cover its latency.
 pub const MR_BF16: usize = 6;
@@ -117,7 +148,7 @@ pub(crate) fn bf16_stride(k: usize) -> usize {
 
 /// The same GEMM as [`panel_gemm`] on bf16: each f32 panel `produce` writes is rounded to bf16 pairs
 /// (`[kc/2][16][2]`) and multiplied by `vdpbf16ps` against the activation pairs `xb` (from
-/// [`bf16_rows`], rows [`bf16_stride`] apart). K chunks ([`KC`], even, so pairs never straddle one) in order; threads split N.
+/// [`bf16_rows`], rows [`bf16_stride`] apart), `tiles` as there. K chunks ([`KC`], even, so pairs never straddle one) in order; threads split N.
 pub(crate) fn panel_gemm_bf16(
     tok: Avx512Bf16,
     xb: &[u32],
@@ -131,6 +162,7 @@ pub(crate) fn panel_gemm_bf16(
     assert_eq!(xb.len(), m * kp);
     assert_eq!(tiles.len() % (m * 16), 0);
     tiles.par_chunks_mut(m * 16 * LANES_PER_TASK).enumerate().for_each(|(task, tiles)| {
+        tiles.fill(0.0);
         let lg0 = task * LANES_PER_TASK;
         let lanes = tiles.len() / (m * 16);
         let mut f32_panel = vec![0.0f32; KC.min(k) * 16];

@@ -695,7 +695,7 @@ impl W4A16Linear {
             other => return Err(wrong_family(other)),
         };
         let g_len = w.group.len(k);
-        let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
+        let mut tiles = gemm::take_tiles(w.lanes.len() * m * 16);
         let loops = self.prefill_loops();
         let from_packed = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
             let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
@@ -720,7 +720,9 @@ impl W4A16Linear {
             Some(tok) => gemm::panel_gemm_bf16(tok, &gemm::bf16_rows(tok, x, m, k), m, k, &mut tiles, produce),
             None => gemm::panel_gemm(loops, wide, x, m, k, &mut tiles, produce),
         }
-        self.finish(&tiles, m, out)
+        self.finish(&tiles, m, out)?;
+        gemm::keep_tiles(tiles);
+        Ok(())
     }
 }
 
@@ -756,15 +758,16 @@ impl W4A16Linear {
         }
         let g_len = w.group.len(k);
         let kp = k.next_multiple_of(32);
-        // Activations as bf16 bytes, [m][kp], zero padded.
+        // Activations as bf16 bytes, [m][kp], zero padded; rows in parallel (a prompt's are megabytes).
         let mut xb = vec![0u8; m * kp * 2];
-        for (row, dst) in x.chunks_exact(k).zip(xb.chunks_exact_mut(kp * 2)) {
+        xb.par_chunks_mut(kp * 2).zip(x.par_chunks_exact(k)).for_each(|(dst, row)| {
             for (v, d) in row.iter().zip(dst.chunks_exact_mut(2)) {
                 d.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
             }
-        }
+        });
         let loops = self.prefill_loops();
-        let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
+        // Every value is stored by its lane group's task (`prefill_block_tiles` writes each row it runs).
+        let mut tiles = gemm::take_tiles(w.lanes.len() * m * 16);
         tiles
             .par_chunks_mut(m * 16)
             .enumerate()
@@ -791,6 +794,7 @@ impl W4A16Linear {
             .map_err(KernelError::from)?;
         let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
         gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+        gemm::keep_tiles(tiles);
         Ok(())
     }
 }
