@@ -161,6 +161,39 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     VectorOps::new().rms_norm(x, w, eps, out);
 }
 
+/// `x += add` (when given), then `normed = rms_norm(x)`, row by row (`h` values a row); a prompt's rows in
+/// parallel. Each row's values go through the same operations either way, so the bits do not depend on
+/// the split (and on a many-core machine this is otherwise a serial part of every layer).
+fn add_and_norm(x: &mut [f32], add: Option<&[f32]>, w: &[f32], eps: f32, normed: &mut [f32], h: usize) {
+    let row = |(i, (x, normed)): (usize, (&mut [f32], &mut [f32]))| {
+        if let Some(add) = add {
+            for (a, b) in x.iter_mut().zip(&add[i * h..(i + 1) * h]) {
+                *a += b;
+            }
+        }
+        rms_norm(x, w, eps, normed);
+    };
+    if x.len() / h >= PARALLEL_ROW_OPS {
+        x.par_chunks_mut(h).zip(normed.par_chunks_mut(h)).enumerate().for_each(row);
+    } else {
+        x.chunks_mut(h).zip(normed.chunks_mut(h)).enumerate().for_each(row);
+    }
+}
+
+/// `x += add`, a prompt's rows in parallel (as [`add_and_norm`]).
+fn add_rows(x: &mut [f32], add: &[f32], h: usize) {
+    let row = |(x, add): (&mut [f32], &[f32])| {
+        for (a, b) in x.iter_mut().zip(add) {
+            *a += b;
+        }
+    };
+    if x.len() / h >= PARALLEL_ROW_OPS {
+        x.par_chunks_mut(h).zip(add.par_chunks(h)).for_each(row);
+    } else {
+        x.chunks_mut(h).zip(add.chunks(h)).for_each(row);
+    }
+}
+
 /// RoPE's `(cos, sin)` of `pos·f` for every row's position and every frequency, `[row][freq]`: computed
 /// once per forward call and shared by every head of every layer. These are the f64 values the rotation has
 /// always used, so the rotated vectors are bit-identical to computing `sin_cos` per head.
@@ -191,6 +224,10 @@ fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
 /// and writes its sequences' caches in parallel: sixteen decode rows' worth is a few percent of a step
 /// (docs/perf.md); a handful of rows' is less than a hand-off to the other thread.
 const PARALLEL_QK_ROWS: usize = 8;
+
+/// From this many rows a step's row-wise work (residual adds, RMS norms, SiLU·up) runs over the pool:
+/// a prompt's rows are a serial part of every layer on one thread, a few decode rows less than a hand-off.
+const PARALLEL_ROW_OPS: usize = 16;
 
 /// A run of at least this many query rows (one sequence, consecutive positions) takes the block path.
 const ATTN_BLOCK_MIN_ROWS: usize = 4;
@@ -1206,9 +1243,7 @@ impl Model {
                     LayerFlow::Stop => return Ok(Vec::new()),
                 }
             }
-            for i in 0..m {
-                rms_norm(&x[i * h..(i + 1) * h], &layer.attn_norm, cfg.rms_norm_eps, &mut normed[i * h..(i + 1) * h]);
-            }
+            add_and_norm(&mut x, None, &layer.attn_norm, cfg.rms_norm_eps, &mut normed, h);
             observe(&mut observer, li, LinearSlot::Qkv, &normed, m);
             run_linear(&layer.qkv, &normed, groups, &mut qkv)?;
             // Each row's query and key heads normalised (where the model does) and rotated: rows are
@@ -1252,12 +1287,7 @@ impl Model {
             attention(&ops, shape, &qkv, seq, &pos, &caches_now, li, &mut attn);
             observe(&mut observer, li, LinearSlot::O, &attn, m);
             run_linear(&layer.o, &attn, groups, &mut proj)?;
-            for (a, b) in x.iter_mut().zip(&proj) {
-                *a += b;
-            }
-            for i in 0..m {
-                rms_norm(&x[i * h..(i + 1) * h], &layer.mlp_norm, cfg.rms_norm_eps, &mut normed[i * h..(i + 1) * h]);
-            }
+            add_and_norm(&mut x, Some(&proj), &layer.mlp_norm, cfg.rms_norm_eps, &mut normed, h);
             observe(&mut observer, li, LinearSlot::GateUp, &normed, m);
             run_linear(&layer.gate_up, &normed, groups, &mut gu)?;
             // SiLU(gate)·up, rows in parallel for a long prompt.
@@ -1265,16 +1295,14 @@ impl Model {
                 let (g, u) = gu.split_at(inter);
                 ops.silu_mul(g, u, a);
             };
-            if m >= 16 {
+            if m >= PARALLEL_ROW_OPS {
                 act.par_chunks_mut(inter).zip(gu.par_chunks(2 * inter)).for_each(silu);
             } else {
                 act.chunks_mut(inter).zip(gu.chunks(2 * inter)).for_each(silu);
             }
             observe(&mut observer, li, LinearSlot::Down, &act, m);
             run_linear(&layer.down, &act, groups, &mut proj)?;
-            for (a, b) in x.iter_mut().zip(&proj) {
-                *a += b;
-            }
+            add_rows(&mut x, &proj, h);
         }
         if let Some(obs) = observer {
             if obs.layer_start(cfg.num_layers, &mut x) != LayerFlow::Run {

@@ -5,6 +5,8 @@
 
 use std::ops::Range;
 
+use rayon::prelude::*;
+
 use super::params::Params;
 
 /// One 16-channel block's work, as every kernel variant sees it.
@@ -50,20 +52,26 @@ pub(crate) struct RowGroupTerms {
     pub sum_times_128: i32,
 }
 
+/// From this many row-and-group entries [`RowGroupTerms::table`] runs over the pool.
+const PARALLEL_TERMS: usize = 4096;
+
 impl RowGroupTerms {
     /// The terms of `[m][groups]` activation scales and group sums.
     pub fn table(a_scales: &[f32], sums: &[i32]) -> Vec<RowGroupTerms> {
-        a_scales
-            .iter()
-            .zip(sums)
-            .map(|(&a_scale, &sum)| RowGroupTerms {
-                a_scale,
-                sum_f32: sum as f32,
-                sum,
-                sum_times_8: sum.wrapping_mul(8),
-                sum_times_128: sum.wrapping_mul(128),
-            })
-            .collect()
+        let terms = |(&a_scale, &sum): (&f32, &i32)| RowGroupTerms {
+            a_scale,
+            sum_f32: sum as f32,
+            sum,
+            sum_times_8: sum.wrapping_mul(8),
+            sum_times_128: sum.wrapping_mul(128),
+        };
+        // A prompt's table (thousands of entries, for every product) is built over the pool; a decode
+        // step's few dozen on the calling thread.
+        if a_scales.len() >= PARALLEL_TERMS {
+            a_scales.par_iter().zip(sums).map(terms).collect()
+        } else {
+            a_scales.iter().zip(sums).map(terms).collect()
+        }
     }
 }
 
