@@ -94,14 +94,19 @@ pub(crate) fn panel_gemm(
     });
 }
 
-/// A product's lane-group tiles (`len` floats), kept by the calling thread between products: a fresh
-/// buffer for a prompt (megabytes) would be zeroed on one thread before the parallel loop, or come from
-/// the OS page by page. Its contents are whatever the last product left; every writer of tiles sets each
-/// value first ([`panel_gemm`] zeroes each task's part in the task). Return it with [`keep_tiles`].
+/// A product's lane-group tiles (`len` floats), kept by the calling thread between products. A fresh
+/// zeroed buffer for a prompt (megabytes) is zeroed on the calling thread once the allocator reuses freed
+/// memory (it does after the first few), before the parallel loop starts; a kept one is not. Its contents
+/// are whatever the last product left: every writer of tiles sets each value first ([`panel_gemm`] zeroes
+/// each task's part in the task). A product larger than [`KEEP_TILE_FLOATS`] gets a buffer of its own and
+/// leaves the kept one alone. Return it with [`keep_tiles`].
 pub(crate) fn take_tiles(len: usize) -> Vec<f32> {
+    if len > KEEP_TILE_FLOATS {
+        return vec![0.0; len];
+    }
     let mut tiles = TILES.take();
     if tiles.len() < len {
-        tiles.resize(len, 0.0);
+        tiles = vec![0.0; len];
     }
     tiles.truncate(len);
     tiles
@@ -115,8 +120,10 @@ pub(crate) fn keep_tiles(tiles: Vec<f32>) {
     }
 }
 
-/// The most floats of tiles a thread keeps between products (16 MiB).
-const KEEP_TILE_FLOATS: usize = 4 << 20;
+/// The most floats of tiles a thread keeps between products (8 MiB: SmolLM2's widest layer at 512 rows
+/// takes 6 MiB). Each thread that runs products keeps its own, so a process holds at most this much per
+/// pool thread.
+const KEEP_TILE_FLOATS: usize = 2 << 20;
 
 thread_local! {
     /// [`take_tiles`]' buffer.
@@ -367,8 +374,11 @@ pub(crate) fn scatter(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let band = |(b, rows): (usize, &mut [f32])| {
-        let r0 = b * SCATTER_BAND_ROWS;
+    if m == 0 || n == 0 {
+        return;
+    }
+    let band = |(band, rows): (usize, &mut [f32])| {
+        let r0 = band * SCATTER_BAND_ROWS;
         for (lg, map) in channels.iter().enumerate() {
             let tile = &tiles[(lg * m + r0) * 16..];
             for (row, t) in rows.chunks_exact_mut(n).zip(tile.chunks_exact(16)) {
@@ -382,15 +392,15 @@ pub(crate) fn scatter(
         }
     };
     let out = &mut out[..m * n];
-    if m * n >= PARALLEL_SCATTER_FLOATS {
+    if m > SCATTER_BAND_ROWS && m * n >= PARALLEL_SCATTER_FLOATS {
         out.par_chunks_mut(SCATTER_BAND_ROWS * n).enumerate().for_each(band);
     } else {
         out.chunks_mut(SCATTER_BAND_ROWS * n).enumerate().for_each(band);
     }
 }
 
-/// From this many output values [`scatter`] runs its bands in parallel; a decode's few thousand take a
-/// microsecond or two on one thread, less than a hand-off.
+/// From this many output values (and more than one band) [`scatter`] runs its bands in parallel; a
+/// smaller output takes a microsecond or two on one thread, less than a hand-off.
 const PARALLEL_SCATTER_FLOATS: usize = 1 << 16;
 
 /// Rows per band of [`scatter`]: a tile's band is one 1 KiB run.
@@ -400,11 +410,37 @@ const SCATTER_BAND_ROWS: usize = 16;
 mod tests {
     use super::*;
 
+    /// A kept tile buffer's old contents never reach a result: the GEMM over a buffer of NaNs left by an
+    /// earlier product gives the bits it gives over zeros.
+    #[test]
+    fn a_kept_tile_buffer_of_old_values_gives_the_same_product() {
+        let (m, k, lanes) = (21, 300, 11);
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+        let produce = |lg: usize, k0: usize, k1: usize, panel: &mut [f32]| {
+            for (i, p) in panel[..(k1 - k0) * 16].iter_mut().enumerate() {
+                *p = ((lg * 7 + k0 + i) % 13) as f32 * 0.125 - 0.75;
+            }
+        };
+        let len = lanes * m * 16;
+        let loops = crate::isa::Avx2Fma::new().map_or(InnerLoops::Portable, InnerLoops::Avx2);
+        let mut fresh = vec![0.0f32; len];
+        panel_gemm(loops, None, &x, m, k, &mut fresh, &produce);
+        keep_tiles(vec![f32::NAN; 2 * len]);
+        let mut kept = take_tiles(len);
+        assert!(kept.iter().all(|v| v.is_nan()), "the kept buffer comes back as it was left");
+        panel_gemm(loops, None, &x, m, k, &mut kept, &produce);
+        assert!(kept.iter().zip(&fresh).all(|(a, b)| a.to_bits() == b.to_bits()));
+        // Larger than what is kept: a buffer of its own, the kept one left for the next product.
+        keep_tiles(kept);
+        assert!(take_tiles(KEEP_TILE_FLOATS + 1).iter().all(|&v| v == 0.0));
+        assert_eq!(take_tiles(len).len(), len);
+    }
+
     /// The scatter in bands, serial and parallel, writes what the definition says: each lane's value plus
     /// its channel's bias, lanes past `n` dropped, with a last band of fewer rows.
     #[test]
     fn scatter_writes_every_channel_its_lane_plus_bias_in_bands() {
-        for (m, n) in [(5usize, 100usize), (37, 2000)] {
+        for (m, n) in [(5usize, 100usize), (37, 100), (37, 2000), (0, 100), (3, 0)] {
             let lanes = n.div_ceil(16);
             // Lane group lg holds channels in a rotated order; the last one's lanes past n are padding.
             let channels: Vec<[u32; 16]> =
@@ -423,7 +459,7 @@ mod tests {
                         }
                     }
                 }
-                assert_eq!(m * n >= PARALLEL_SCATTER_FLOATS, n == 2000, "both paths are run");
+                assert_eq!(m * n >= PARALLEL_SCATTER_FLOATS, n == 2000, "both paths are run, with several bands");
                 let mut got = vec![f32::NAN; m * n];
                 scatter(&tiles, m, &channels, n, bias, &mut got);
                 assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "M={m} N={n}");

@@ -770,8 +770,8 @@ fn eight_bit_weights_run_on_the_four_bit_kernels_exactly() {
     let kernels = runnable_kernels("eight_bit_weights_run_on_the_four_bit_kernels_exactly");
     let mut rng = Rng::new(31);
     // Row counts cover each kernel's passes and remainders (VNNI 8 rows a pass, AVX2 4). The last shape is
-    // a head-wide layer, 2¹⁶ + 16 outputs a row: past the output size from which the W4A8 driver gathers
-    // several rows' tiles across threads (one row writes its output in place).
+    // a head-wide layer, 2¹⁶ + 16 outputs a row: thousands of blocks over many tasks, each storing its
+    // blocks' tiles into their columns of every row (one row writes its output in place).
     for (n, k, group, ms) in [
         (16, 64, GroupSize::G32, &[1, 3, 5, 12, 17, 40][..]),
         (48, 200, GroupSize::G32, &[1, 3, 5, 12, 17, 40]),

@@ -161,8 +161,8 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     VectorOps::new().rms_norm(x, w, eps, out);
 }
 
-/// `x += add` (when given), then `normed = rms_norm(x)`, row by row (`h` values a row); a prompt's rows in
-/// parallel. Each row's values go through the same operations either way, so the bits do not depend on
+/// `x += add` (when given), then `normed = rms_norm(x)`, row by row (`h` values a row); from
+/// [`PARALLEL_ROW_OPS`] rows (a prompt, or a step of that many decode streams) in parallel. Each row's values go through the same operations either way, so the bits do not depend on
 /// the split (and on a many-core machine this is otherwise a serial part of every layer).
 fn add_and_norm(x: &mut [f32], add: Option<&[f32]>, w: &[f32], eps: f32, normed: &mut [f32], h: usize) {
     let row = |(i, (x, normed)): (usize, (&mut [f32], &mut [f32]))| {
@@ -180,7 +180,7 @@ fn add_and_norm(x: &mut [f32], add: Option<&[f32]>, w: &[f32], eps: f32, normed:
     }
 }
 
-/// `x += add`, a prompt's rows in parallel (as [`add_and_norm`]).
+/// `x += add`, rows in parallel from [`PARALLEL_ROW_OPS`] (as [`add_and_norm`]).
 fn add_rows(x: &mut [f32], add: &[f32], h: usize) {
     let row = |(x, add): (&mut [f32], &[f32])| {
         for (a, b) in x.iter_mut().zip(add) {

@@ -136,10 +136,10 @@ pub fn quantize_activations(
     // AVX-512 and AVX2 run the same rule sixteen and eight values at a time, to the same bits (tested
     // against this one).
     #[cfg(target_arch = "x86_64")]
-    let (wide, avx2) = (crate::isa::Avx512::new(), crate::isa::Avx2Fma::new());
+    let (avx512, avx2) = (crate::isa::Avx512::new(), crate::isa::Avx2Fma::new());
     let amax = |v: &[f32]| {
         #[cfg(target_arch = "x86_64")]
-        if let Some(tok) = wide {
+        if let Some(tok) = avx512 {
             return crate::x86_64::w4a8::amax_avx512(tok, v);
         } else if let Some(tok) = avx2 {
             return crate::x86_64::w4a8::amax_avx2(tok, v);
@@ -148,7 +148,7 @@ pub fn quantize_activations(
     };
     let quantize = |src: &[f32], s: f32, dst: &mut [i8]| -> i32 {
         #[cfg(target_arch = "x86_64")]
-        if let Some(tok) = wide {
+        if let Some(tok) = avx512 {
             return crate::x86_64::w4a8::quantize_avx512(tok, src, s, dst);
         } else if let Some(tok) = avx2 {
             return crate::x86_64::w4a8::quantize_avx2(tok, src, s, dst);
@@ -628,10 +628,9 @@ struct BlockColumns<'a> {
     _out: std::marker::PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: `out` is written only through `store`, whose callers write disjoint columns (its contract), so
-// tasks on other threads never touch the same value; the exclusive borrow of `out` outlives them.
-unsafe impl Send for BlockColumns<'_> {}
-// SAFETY: as above; shared references only reach `store`.
+// SAFETY: shared references reach `out` only through `store`, whose callers write disjoint columns (its
+// contract), so tasks on other threads never touch the same value; the exclusive borrow of `out` outlives
+// them.
 unsafe impl Sync for BlockColumns<'_> {}
 
 impl<'a> BlockColumns<'a> {
