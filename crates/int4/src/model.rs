@@ -162,14 +162,13 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// `x += add` (when given), then `normed = rms_norm(x)`, row by row (`h` values a row); from
-/// [`PARALLEL_ROW_OPS`] rows (a prompt, or a step of that many decode streams) in parallel. Each row's values go through the same operations either way, so the bits do not depend on
-/// the split (and on a many-core machine this is otherwise a serial part of every layer).
+/// [`PARALLEL_ROW_OPS`] rows (a prompt, or a step of that many decode streams) in parallel. Each row's
+/// values go through the same operations either way, so the bits do not depend on the split (and on a
+/// many-core machine this is otherwise a serial part of every layer).
 fn add_and_norm(x: &mut [f32], add: Option<&[f32]>, w: &[f32], eps: f32, normed: &mut [f32], h: usize) {
     let row = |(i, (x, normed)): (usize, (&mut [f32], &mut [f32]))| {
         if let Some(add) = add {
-            for (a, b) in x.iter_mut().zip(&add[i * h..(i + 1) * h]) {
-                *a += b;
-            }
+            add_into(x, &add[i * h..(i + 1) * h]);
         }
         rms_norm(x, w, eps, normed);
     };
@@ -182,15 +181,17 @@ fn add_and_norm(x: &mut [f32], add: Option<&[f32]>, w: &[f32], eps: f32, normed:
 
 /// `x += add`, rows in parallel from [`PARALLEL_ROW_OPS`] (as [`add_and_norm`]).
 fn add_rows(x: &mut [f32], add: &[f32], h: usize) {
-    let row = |(x, add): (&mut [f32], &[f32])| {
-        for (a, b) in x.iter_mut().zip(add) {
-            *a += b;
-        }
-    };
     if x.len() / h >= PARALLEL_ROW_OPS {
-        x.par_chunks_mut(h).zip(add.par_chunks(h)).for_each(row);
+        x.par_chunks_mut(h).zip(add.par_chunks(h)).for_each(|(x, add)| add_into(x, add));
     } else {
-        x.chunks_mut(h).zip(add.chunks(h)).for_each(row);
+        add_into(x, add);
+    }
+}
+
+/// `x[i] += add[i]`.
+fn add_into(x: &mut [f32], add: &[f32]) {
+    for (a, b) in x.iter_mut().zip(add) {
+        *a += b;
     }
 }
 
