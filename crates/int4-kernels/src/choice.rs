@@ -356,6 +356,14 @@ pub fn at_level(spec: LayerSpec, level: IsaLevel, caps: &IsaCaps) -> Result<Boun
     live.bind(caps)
 }
 
+/// The W8A16 kernels for the 8-bit layers of a W4A16 model whose 4-bit layers run `beside`: those of its
+/// instruction-set level, or of the highest level the caps leave below it (AMX-BF16 needs only AVX2, so
+/// with AVX-512 disabled an AMX plan's 8-bit layers run AVX2, as its decode does).
+pub fn w8a16_beside(beside: &KernelChoice, caps: &IsaCaps) -> Result<BoundKernels, KernelError> {
+    let spec = LayerSpec::W8a16 { prefill_from: W8A16_PREFILL_FROM_ROWS };
+    at_level(spec, beside.level().min(caps.effective_level()), caps)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,5 +490,21 @@ mod tests {
         let e = at_level(spec, IsaLevel::Avx512, &portable).unwrap_err();
         assert!(matches!(e.kind(), KernelErrorKind::Unavailable { kernel: KernelId::W4a8Vnni, .. }), "{e}");
         assert_eq!(at_level(spec, IsaLevel::Portable, &portable).unwrap().for_rows(1), KernelId::W4a8Portable);
+    }
+
+    #[test]
+    fn the_eight_bit_kernels_beside_an_amx_plan_bind_without_avx512() {
+        // An AMX-BF16 prefill beside an AVX2 decode (what `INT4_DISABLE=avx512` leaves an AMX host), and the
+        // full AMX rung: the 8-bit kernels beside either bind here, at no level above what the caps leave.
+        let amx = choose(FeatureSet::all(), w4a16(TinygemmBlock::N64, true));
+        let amx_avx2 = choose(FeatureSet::all().without(Feature::Avx512), w4a16(TinygemmBlock::N64, true));
+        assert_eq!((amx.level(), amx_avx2.level()), (IsaLevel::Amx, IsaLevel::Amx));
+        for caps in [IsaCaps::unrestricted().without(Feature::Avx512), IsaCaps::unrestricted()] {
+            for beside in [amx, amx_avx2] {
+                let eight = w8a16_beside(&beside, &caps).unwrap();
+                assert!(eight.choice().level() <= caps.effective_level(), "{:?}", eight.choice());
+                assert_eq!(eight.choice(), choose(FeatureSet::live(&caps), LayerSpec::W8a16 { prefill_from: 2 }));
+            }
+        }
     }
 }

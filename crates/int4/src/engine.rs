@@ -608,9 +608,9 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
     let p = plan(&snap, kind, opts.priority, &overrides).map_err(at("path"))?;
     let kernels = p.kernels().bind(&opts.caps).map_err(at(format!("path {}", p.path)))?;
     // Layers stored in 8 bits run on the W8A16 kernels of the plan's own instruction-set level.
-    let eight = |level: IsaLevel| {
+    let portable_eight = || {
         let spec = LayerSpec::W8a16 { prefill_from: choice::W8A16_PREFILL_FROM_ROWS };
-        choice::at_level(spec, level, &opts.caps).map_err(at(format!("path {}", p.path)))
+        choice::at_level(spec, IsaLevel::Portable, &opts.caps).map_err(at(format!("path {}", p.path)))
     };
     let numerics = match p.layout {
         PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 => Numerics::W4a16 {
@@ -618,12 +618,10 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
             group,
             config: W4A16Config { dequant_threshold: p.dequant_threshold, direct_dequant: p.direct_dequant },
             kernels,
-            eight: eight(kernels.choice().level())?,
+            eight: choice::w8a16_beside(&kernels.choice(), &opts.caps).map_err(at(format!("path {}", p.path)))?,
             head: opts.head_bits,
         },
-        PackedLayout::RowMajor => {
-            Numerics::Wna16 { group, kernels, eight: eight(IsaLevel::Portable)?, head: opts.head_bits }
-        }
+        PackedLayout::RowMajor => Numerics::Wna16 { group, kernels, eight: portable_eight()?, head: opts.head_bits },
         PackedLayout::W4a8Vnni => {
             Numerics::W4a8 { group, kernels, activations: opts.activation_scales, head: opts.head_bits }
         }

@@ -8,8 +8,9 @@ use int4::select::policy::PackedLayout;
 use int4::{Engine, LoadOptions, RunPath};
 use int4_test_support::tiny_model;
 
-/// Every distinct cap this machine offers under the process caps: each level that adds a feature, and the
-/// AVX-512 CPU classes without BF16 (Skylake-SP) and without VNNI, where this CPU has them.
+/// Every distinct cap this machine offers under the process caps: each level that adds a feature, the
+/// AVX-512 CPU classes without BF16 (Skylake-SP) and without VNNI, and AMX with AVX-512 disabled, where
+/// this CPU has them.
 fn caps_this_machine_offers() -> Vec<(String, IsaCaps)> {
     let base = *IsaCaps::process();
     let mut out: Vec<(String, IsaCaps)> = Vec::new();
@@ -30,6 +31,14 @@ fn caps_this_machine_offers() -> Vec<(String, IsaCaps)> {
             seen.push(features);
             out.push((format!("avx512 without {}", f.name()), caps));
         }
+    }
+    // AMX without AVX-512 (`INT4_DISABLE=avx512`): AMX-BF16 needs only AVX2, so its prefill stays beside
+    // AVX2 kernels everywhere else.
+    let amx = base.without(Feature::Avx512);
+    let features = FeatureSet::live(&amx);
+    if features.has(Feature::AmxBf16) && !seen.contains(&features) {
+        seen.push(features);
+        out.push(("amx without avx512".to_string(), amx));
     }
     out
 }
@@ -75,13 +84,14 @@ fn every_layer_runs_the_kernels_its_plan_names_at_every_isa_level() {
                 // the W8A16 kernels of the plan's own level, on W4A8 the same W4A8 kernel as two planes.
                 let head_decode = match plan.layout {
                     PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 | PackedLayout::RowMajor => {
-                        let spec = LayerSpec::W8a16 { prefill_from: int4::kernels::choice::W8A16_PREFILL_FROM_ROWS };
-                        let level = if plan.layout == PackedLayout::RowMajor {
-                            IsaLevel::Portable
+                        let eight = if plan.layout == PackedLayout::RowMajor {
+                            let spec =
+                                LayerSpec::W8a16 { prefill_from: int4::kernels::choice::W8A16_PREFILL_FROM_ROWS };
+                            int4::kernels::choice::at_level(spec, IsaLevel::Portable, caps)
                         } else {
-                            plan.kernels().level()
+                            int4::kernels::choice::w8a16_beside(&plan.kernels(), caps)
                         };
-                        int4::kernels::choice::at_level(spec, level, caps).unwrap().choice().decode
+                        eight.unwrap().choice().decode
                     }
                     _ => plan.decode.kernel,
                 };
