@@ -495,11 +495,13 @@ fn a_forced_kernel_the_cpu_lacks_is_an_error() {
         assert!(matches!(e.kind(), KernelErrorKind::Unavailable { .. }), "{e}");
     }
     assert_eq!(choice::best(W4A8Kernel::spec(), &portable).unwrap().for_rows(1), KernelId::W4a8Portable);
-    // The AMX kernel is only built from a live check of this CPU.
-    let amx = choice::at_level(W4A8Kernel::spec(), IsaLevel::Amx, &IsaCaps::unrestricted());
+    // The AMX kernel is only built from a live check of this CPU (under no cap, whatever the process's).
+    let unrestricted = IsaCaps::unrestricted();
+    let amx = choice::at_level(W4A8Kernel::spec(), IsaLevel::Amx, &unrestricted);
     assert_eq!(
         amx.is_ok(),
-        int4_kernels::isa::Feature::AmxInt8.detected() && int4_kernels::isa::Avx512Vnni::new().is_some()
+        int4_kernels::isa::Feature::AmxInt8.detected()
+            && int4_kernels::isa::Avx512Vnni::with_caps(&unrestricted).is_some()
     );
     if let Ok(k) = amx {
         let from = int4_kernels::w4a8::AMX_MIN_ROWS;
@@ -579,23 +581,23 @@ fn tile_configuration_mistakes_are_errors() {
     assert_eq!((img[0], img[18], img[19], img[49]), (1, 64, 0, 16));
 }
 
-/// The emulator's TDPBUSD and TDPBSUD against the instructions' definitions, with wrapping i32
+/// The emulator's TDPBUSD, TDPBSUD and TDPBSSD against the instructions' definitions, with wrapping i32
 /// accumulation.
 #[test]
 fn tile_dot_products_follow_their_definitions_and_wrap() {
     let a: Vec<u8> = (0..16).map(|i| (i * 17 + 3) as u8).collect();
     let b: Vec<u8> = (0..16).map(|i| (i * 29 + 200) as u8).collect();
     let start: Vec<u8> = [i32::MAX - 5, 7, -3, i32::MIN + 2].iter().flat_map(|v| v.to_le_bytes()).collect();
-    for a_signed in [false, true] {
+    for (a_signed, b_signed) in [(false, true), (true, false), (true, true)] {
         let mut t = TileEmulator::new();
         t.load_config(&TileConfig::new().with_tile(0, 2, 8).with_tile(1, 2, 8).with_tile(2, 2, 8)).unwrap();
         t.load(0, &start, 8).unwrap();
         t.load(1, &a, 8).unwrap();
         t.load(2, &b, 8).unwrap();
-        if a_signed {
-            t.dpbsud(0, 1, 2).unwrap()
-        } else {
-            t.dpbusd(0, 1, 2).unwrap()
+        match (a_signed, b_signed) {
+            (false, true) => t.dpbusd(0, 1, 2).unwrap(),
+            (true, false) => t.dpbsud(0, 1, 2).unwrap(),
+            _ => t.dpbssd(0, 1, 2).unwrap(),
         }
         let mut out = vec![0u8; 16];
         t.store(0, &mut out, 8).unwrap();
@@ -606,12 +608,12 @@ fn tile_dot_products_follow_their_definitions_and_wrap() {
                 for kk in 0..2 {
                     for i in 0..4 {
                         want = want.wrapping_add(
-                            byte(a[m * 8 + 4 * kk + i], a_signed) * byte(b[kk * 8 + 4 * nn + i], !a_signed),
+                            byte(a[m * 8 + 4 * kk + i], a_signed) * byte(b[kk * 8 + 4 * nn + i], b_signed),
                         );
                     }
                 }
                 let got = i32::from_le_bytes(out[m * 8 + 4 * nn..m * 8 + 4 * nn + 4].try_into().unwrap());
-                assert_eq!(got, want, "signed A = {a_signed}, m={m} n={nn}");
+                assert_eq!(got, want, "signed A = {a_signed}, signed B = {b_signed}, m={m} n={nn}");
             }
         }
     }
