@@ -123,6 +123,9 @@ pub trait TileUnit {
     /// `TDPBSUD dst, a, b`: `dst.i32[m][n] += Σ_{k, i<4} s8(a[m][4k+i])·u8(b[k][4n+i])`, wrapping. The W4A8
     /// kernel's instruction: signed int8 activations in A, unsigned 4-bit codes in B.
     fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError>;
+    /// `TDPBSSD dst, a, b`: `dst.i32[m][n] += Σ_{k, i<4} s8(a[m][4k+i])·s8(b[k][4n+i])`, wrapping. The W4A8
+    /// kernel's instruction where the zero point is implicit: codes stored less their zero, as signed bytes.
+    fn dpbssd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError>;
     /// `TDPBF16PS dst, a, b`: `dst.f32[m][n] += a.bf16[m][2k]·b.bf16[k][2n] + a.bf16[m][2k+1]·b.bf16[k][2n+1]`
     /// for each `k` in order, every product and sum rounded to f32 (nearest even), with bf16 inputs and f32
     /// results that are denormal treated as zero (DAZ/FTZ), as Intel documents the instruction.
@@ -152,7 +155,7 @@ impl TileEmulator {
         TileEmulator { cfg: TileShapes::default(), tiles: vec![[0; MAX_ROWS * MAX_COLSB]; TILES] }
     }
 
-    fn dot(&mut self, dst: usize, a: usize, b: usize, a_signed: bool) -> Result<(), TileError> {
+    fn dot(&mut self, dst: usize, a: usize, b: usize, a_signed: bool, b_signed: bool) -> Result<(), TileError> {
         let (dr, dc, br) = self.cfg.check_dot(dst, a, b)?;
         let (ta, tb) = (self.tiles[a], self.tiles[b]);
         let td = &mut self.tiles[dst];
@@ -164,7 +167,7 @@ impl TileEmulator {
                 for k in 0..br {
                     for i in 0..4 {
                         let x = byte(ta[m * MAX_COLSB + 4 * k + i], a_signed);
-                        let w = byte(tb[k * MAX_COLSB + 4 * n + i], !a_signed);
+                        let w = byte(tb[k * MAX_COLSB + 4 * n + i], b_signed);
                         acc = acc.wrapping_add(x * w);
                     }
                 }
@@ -202,6 +205,7 @@ impl TileShapes {
     }
 
     /// `(rows, colsb)` of tile `t`, if configured.
+    #[inline]
     pub fn shape(&self, t: usize) -> Result<(usize, usize), TileError> {
         let cfg = self.cfg.as_ref().ok_or(TileError::NotConfigured)?;
         if t >= TILES || cfg.rows[t] == 0 {
@@ -211,6 +215,7 @@ impl TileShapes {
     }
 
     /// Checks a memory operand of `len` bytes with `stride` for tile `t`; returns its `(rows, colsb)`.
+    #[inline]
     pub fn check_memory(&self, t: usize, len: usize, stride: usize) -> Result<(usize, usize), TileError> {
         let (rows, colsb) = self.shape(t)?;
         let need = (rows - 1).checked_mul(stride).and_then(|v| v.checked_add(colsb));
@@ -223,6 +228,7 @@ impl TileShapes {
     }
 
     /// Checks a dot product's three tiles; returns `(dst rows, dst colsb, b rows)`.
+    #[inline]
     pub fn check_dot(&self, dst: usize, a: usize, b: usize) -> Result<(usize, usize, usize), TileError> {
         let (dr, dc) = self.shape(dst)?;
         let (ar, ac) = self.shape(a)?;
@@ -263,11 +269,15 @@ impl TileUnit for TileEmulator {
     }
 
     fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
-        self.dot(dst, a, b, false)
+        self.dot(dst, a, b, false, true)
     }
 
     fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
-        self.dot(dst, a, b, true)
+        self.dot(dst, a, b, true, false)
+    }
+
+    fn dpbssd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.dot(dst, a, b, true, true)
     }
 
     fn dpbf16ps(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {

@@ -80,18 +80,33 @@ impl Block<'_> {
     /// then, with offsets, `out = fma(Σx, a_s·f, out)`. `acc` is `Σ xq·q` (of a pair, `Σ xq·u`).
     #[inline]
     pub fn finish(&self, r: usize, g: usize, acc: &[i32; 16], out: &mut [f32]) {
-        let RowGroupTerms { a_scale: a_s, sum_f32, sum, .. } = self.terms[r * self.groups + g];
-        for c in 0..16 {
+        let sum = self.terms[r * self.groups + g].sum;
+        let centered: [i32; 16] = std::array::from_fn(|c| {
             let z = match (self.low, self.zeros) {
                 (Some(_), _) => 128,
                 (None, Some(z)) => i32::from(z[g * 16 + c]),
                 (None, None) => 8,
             };
-            let v = acc[c].wrapping_sub(z.wrapping_mul(sum));
-            out[c] = (v as f32).mul_add(a_s * self.w_scales.get(g * 16 + c), out[c]);
+            acc[c].wrapping_sub(z.wrapping_mul(sum))
+        });
+        self.finish_centered(r, g, &centered, out);
+    }
+
+    /// [`Block::finish`] from `acc − z·Σx` (wrapping), which is `Σ xq·(q − z)`: what a kernel has directly
+    /// when its codes are stored less an implicit zero point (the AMX tiling's signed B tiles).
+    #[inline]
+    pub fn finish_centered(&self, r: usize, g: usize, centered: &[i32; 16], out: &mut [f32]) {
+        let RowGroupTerms { a_scale: a_s, sum_f32, .. } = self.terms[r * self.groups + g];
+        for c in 0..16 {
+            out[c] = (centered[c] as f32).mul_add(a_s * self.w_scales.get(g * 16 + c), out[c]);
             if let Some(f) = self.offsets {
                 out[c] = sum_f32.mul_add(a_s * f.get(g * 16 + c), out[c]);
             }
         }
+    }
+
+    /// Whether the zero point is implicit (8, or a pair's 128) rather than stored per channel.
+    pub fn implicit_zero(&self) -> bool {
+        self.zeros.is_none()
     }
 }

@@ -40,7 +40,8 @@
 //! # Kernels
 //!
 //! [`W4A8Kernel`]: portable Rust (any CPU), AVX2 (`vpmaddubsw`), AVX-512 VNNI (`vpdpbusd`), and AMX
-//! (`tdpbsud`, from [`AMX_MIN_ROWS`] rows; VNNI below). The AMX tiling is written once over
+//! (`tdpbsud`, or `tdpbssd` on codes stored less an implicit zero point; from [`AMX_MIN_ROWS`] rows, VNNI
+//! below). The AMX tiling is written once over
 //! [`crate::tile::TileUnit`], so the same code runs on the hardware (`AmxTiles`, in `x86_64::amx`) and, in
 //! tests here, on the bit-exact [`crate::tile::TileEmulator`]. Every kernel computes the same integers and the same f32 operations in
 //! the same order, so all of them agree with [`crate::reference::w4a8`] bit for bit (8-bit pairs, whose
@@ -717,8 +718,9 @@ fn gemm_operand(
 /// exit path, so no kernel depends on another's tile state.
 ///
 /// Per 16-channel block, the codes are expanded once into byte B tiles (`[K/4][16 × 4]`, VNNI order);
-/// then per 32 rows (two row tiles) and per group, `tdpbsud` accumulates `Σ xq·q` over the group's K blocks in an i32
-/// tile, which the shared epilogue turns into f32.
+/// then per 16 rows (a row tile) and per group, `tdpbsud` accumulates `Σ xq·q` over the group's K blocks
+/// in an i32 tile (`tdpbssd`, `Σ xq·(q − z)`, where the zero point is implicit), which the shared epilogue
+/// turns into f32.
 pub fn gemm_tiles<T: TileUnit>(
     new_unit: &(dyn Fn() -> T + Sync),
     a: &QuantizedActivations,
@@ -764,17 +766,42 @@ impl TileEpilogue {
         TileEpilogue::Scalar
     }
 
-    /// The epilogue of rows `rows` (consecutive) of group `g`, whose sums are `acc`, `[rows.len()][16]`.
-    fn finish(self, b: &Block, rows: Range<usize>, g: usize, acc: &[i32], out: &mut [f32]) {
+    /// The epilogue of one pass over the rows `rows` (consecutive, at most 16): for each group in order,
+    /// `steps.group(g, sums)` stores the group's sums, `[rows.len()][16]` (`Σ xq·q`, or with `centered`
+    /// `Σ xq·(q − z)`), and the epilogue adds them into the rows' outputs.
+    fn run_pass<S: GroupSums>(
+        self,
+        b: &Block,
+        rows: Range<usize>,
+        centered: bool,
+        out: &mut [f32],
+        steps: &mut S,
+    ) -> Result<(), TileError> {
+        let mut sums = [0i32; 256];
         match self {
-            TileEpilogue::Scalar => {
-                for (row, acc) in rows.zip(acc.chunks_exact(16)) {
-                    let acc: &[i32; 16] = acc.try_into().expect("16 lanes");
-                    b.finish(row, g, acc, &mut out[row * 16..(row + 1) * 16]);
-                }
+            #[cfg(target_arch = "x86_64")]
+            TileEpilogue::Avx512(tok) if rows.len() == 16 => {
+                crate::x86_64::w4a8::finish_pass_avx512(tok, b, rows.start, centered, out, steps)
             }
             #[cfg(target_arch = "x86_64")]
-            TileEpilogue::Avx512(tok) => crate::x86_64::w4a8::finish_rows_avx512(tok, b, rows, g, acc, out),
+            TileEpilogue::Avx512(tok) => {
+                for g in 0..b.spans.len() {
+                    steps.group(g, &mut sums)?;
+                    crate::x86_64::w4a8::finish_rows_avx512(tok, b, rows.clone(), g, &sums, centered, out);
+                }
+                Ok(())
+            }
+            TileEpilogue::Scalar => {
+                for g in 0..b.spans.len() {
+                    steps.group(g, &mut sums)?;
+                    for (row, acc) in rows.clone().zip(sums.chunks_exact(16)) {
+                        let acc: &[i32; 16] = acc.try_into().expect("16 lanes");
+                        let out = &mut out[row * 16..(row + 1) * 16];
+                        if centered { b.finish_centered(row, g, acc, out) } else { b.finish(row, g, acc, out) }
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -798,9 +825,12 @@ fn tiles_operand<T: TileUnit>(
     })
 }
 
-/// The block's codes as `tdpbsud`'s B operand: K quad `r` is row `r` (64 bytes), channel `c`'s four codes
-/// at bytes `4c..4c + 4`; of an 8-bit pair, `16·hi + lo`. Each packed chunk holds two quads, its low
-/// nibbles and its high nibbles, so it expands into two rows.
+/// The block's codes as the B operand of the tile dot products: K quad `r` is row `r` (64 bytes), channel
+/// `c`'s four codes at bytes `4c..4c + 4`; of an 8-bit pair, `16·hi + lo`. Each packed chunk holds two
+/// quads, its low nibbles and its high nibbles, so it expands into two rows. Where the zero point is
+/// implicit ([`Block::implicit_zero`]) each code is stored less it, `q − 8` (a pair's `u − 128`), as a
+/// signed byte for `tdpbssd`, so the sums come out as `Σ xq·(q − z)` and the epilogue has no zero-point
+/// term to subtract; stored zero points keep the codes as they are, for `tdpbsud`.
 fn expand_codes(b: &Block, expanded: &mut Vec<u8>) {
     assert!(
         b.w.len() >= b.kp / 8 * CHUNK && b.low.is_none_or(|l| l.len() >= b.w.len()),
@@ -809,12 +839,20 @@ fn expand_codes(b: &Block, expanded: &mut Vec<u8>) {
     expanded.clear();
     expanded.resize(b.kp / 4 * CHUNK, 0);
     let rows = expanded.chunks_exact_mut(2 * CHUNK);
+    // Subtracting the zero mod 256 (u − 128 is u ^ 0x80) gives the signed byte's bits.
+    let zero = if !b.implicit_zero() {
+        0u8
+    } else if b.low.is_some() {
+        128
+    } else {
+        8
+    };
     match b.low {
         None => {
             for (pair, chunk) in rows.zip(b.w.chunks_exact(CHUNK)) {
                 let (lo, hi) = pair.split_at_mut(CHUNK);
                 for ((lo, hi), &byte) in lo.iter_mut().zip(hi).zip(chunk) {
-                    (*lo, *hi) = (byte & 15, byte >> 4);
+                    (*lo, *hi) = ((byte & 15).wrapping_sub(zero), (byte >> 4).wrapping_sub(zero));
                 }
             }
         }
@@ -822,7 +860,10 @@ fn expand_codes(b: &Block, expanded: &mut Vec<u8>) {
             for ((pair, chunk), low) in rows.zip(b.w.chunks_exact(CHUNK)).zip(low.chunks_exact(CHUNK)) {
                 let (lo, hi) = pair.split_at_mut(CHUNK);
                 for (((lo, hi), &byte), &l) in lo.iter_mut().zip(hi).zip(chunk).zip(low) {
-                    (*lo, *hi) = ((byte & 15) << 4 | (l & 15), (byte >> 4) << 4 | (l >> 4));
+                    (*lo, *hi) = (
+                        ((byte & 15) << 4 | (l & 15)).wrapping_sub(zero),
+                        ((byte >> 4) << 4 | (l >> 4)).wrapping_sub(zero),
+                    );
                 }
             }
         }
@@ -834,11 +875,11 @@ thread_local! {
     static EXPANDED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Up to 32 rows per pass, in two row tiles that share each B tile: activations in tiles 4 and 5 (`rows ×
-/// kb` bytes), codes in 6 and 7 (`kb/4 × 64` bytes, alternating by K block so a load need not wait for the
-/// dot product reading the other), and i32 accumulators (`rows × 16`) in 0 and 1 for even groups, 2 and 3
-/// for odd ones. A group's sums go through memory to the epilogue; with the next group's accumulators in
-/// other tiles, its dot products need not wait for that store, so the two overlap.
+/// One row tile (up to 16 rows) per pass: activations in tile 4 (`rows × kb` bytes), codes in 6 and 7
+/// (`kb/4 × 64` bytes, alternating by K block so a load need not wait for the dot product reading the
+/// other), and i32 accumulators (`rows × 16`) in 0 for even groups and 2 for odd ones. The next group's
+/// dot products are issued before a group's sums are stored, so the tiles compute while the epilogue,
+/// which takes each group's sums as they are stored ([`TileEpilogue::run_pass`]), runs.
 fn block_tiles<T: TileUnit>(
     unit: &mut T,
     b: &Block,
@@ -862,57 +903,82 @@ fn block_tiles_expanded<T: TileUnit>(
     out: &mut [f32],
 ) -> Result<(), TileError> {
     let x: &[u8] = bytemuck::cast_slice(b.x);
-    // Per group parity, the stored sums of up to 32 rows.
-    let mut acc = [[0i32; 2 * 16 * 16]; 2];
-    let mut loaded = (0, 0);
-    let mut k_blocks = 0usize;
-    let mut m0 = 0;
-    while m0 < b.m {
-        let r0 = 16.min(b.m - m0);
-        let r1 = 16.min(b.m - m0 - r0);
-        if (r0, r1) != loaded {
-            let mut cfg = TileConfig::new()
-                .with_tile(0, r0 as u8, 64)
-                .with_tile(2, r0 as u8, 64)
-                .with_tile(4, r0 as u8, kb as u16)
+    // Codes stored less an implicit zero are signed (`expand_codes`).
+    let centered = b.implicit_zero();
+    let mut loaded = 0;
+    for m0 in (0..b.m).step_by(16) {
+        let r = 16.min(b.m - m0);
+        if r != loaded {
+            let cfg = TileConfig::new()
+                .with_tile(0, r as u8, 64)
+                .with_tile(2, r as u8, 64)
+                .with_tile(4, r as u8, kb as u16)
                 .with_tile(6, (kb / 4) as u8, 64)
                 .with_tile(7, (kb / 4) as u8, 64);
-            if r1 > 0 {
-                cfg = cfg.with_tile(1, r1 as u8, 64).with_tile(3, r1 as u8, 64).with_tile(5, r1 as u8, kb as u16);
-            }
             unit.load_config(&cfg)?;
-            loaded = (r0, r1);
+            loaded = r;
         }
-        let rows = r0 + r1;
-        for (g, span) in b.spans.iter().enumerate() {
-            let (c0, c1) = (2 * (g % 2), 2 * (g % 2) + 1);
-            unit.zero(c0)?;
-            if r1 > 0 {
-                unit.zero(c1)?;
-            }
-            for k0 in span.clone().step_by(kb) {
-                let tb = 6 + k_blocks % 2;
-                k_blocks += 1;
-                unit.load(tb, &expanded[k0 / 4 * CHUNK..(k0 + kb) / 4 * CHUNK], 64)?;
-                unit.load(4, &x[m0 * b.kp + k0..], b.kp)?;
-                unit.dpbsud(c0, 4, tb)?;
-                if r1 > 0 {
-                    unit.load(5, &x[(m0 + r0) * b.kp + k0..], b.kp)?;
-                    unit.dpbsud(c1, 5, tb)?;
-                }
-            }
-            // With two row tiles the first is full, so the second's rows follow it.
-            let acc = &mut acc[g % 2];
-            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut acc[..]);
-            unit.store(c0, &mut bytes[..r0 * 64], 64)?;
-            if r1 > 0 {
-                unit.store(c1, &mut bytes[16 * 64..16 * 64 + r1 * 64], 64)?;
-            }
-            epilogue.finish(b, m0..m0 + rows, g, &acc[..rows * 16], out);
-        }
-        m0 += rows;
+        let mut pass = Pass { unit: &mut *unit, b, x, expanded, kb, m0, r, centered, k_blocks: 0 };
+        pass.issue(0)?;
+        epilogue.run_pass(b, m0..m0 + r, centered, out, &mut pass)?;
     }
     Ok(())
+}
+
+/// Where an epilogue takes a pass's sums from: the groups' sums in order, each stored on request.
+pub(crate) trait GroupSums {
+    /// Stores group `g`'s sums into `sums`, `[rows][16]` (the groups are asked for in order).
+    fn group(&mut self, g: usize, sums: &mut [i32; 256]) -> Result<(), TileError>;
+}
+
+/// One pass of [`block_tiles_expanded`] on its tile unit: the block, its activations (as bytes) and
+/// expanded codes, the K block, the pass's first row and row count, whether the codes are centered, and
+/// how many K blocks have been issued (which alternates the B tile).
+struct Pass<'a, T: TileUnit> {
+    unit: &'a mut T,
+    b: &'a Block<'a>,
+    x: &'a [u8],
+    expanded: &'a [u8],
+    kb: usize,
+    m0: usize,
+    r: usize,
+    centered: bool,
+    k_blocks: usize,
+}
+
+impl<T: TileUnit> Pass<'_, T> {
+    /// Group g's dot products into accumulator tile `2·(g % 2)`. Inlined, as is each tile instruction, so
+    /// the AVX-512 epilogue's outputs stay in registers across it (a call would spill them all).
+    #[inline(always)]
+    fn issue(&mut self, g: usize) -> Result<(), TileError> {
+        let (b, c) = (self.b, 2 * (g % 2));
+        self.unit.zero(c)?;
+        for k0 in b.spans[g].clone().step_by(self.kb) {
+            let tb = 6 + self.k_blocks % 2;
+            self.k_blocks += 1;
+            self.unit.load(tb, &self.expanded[k0 / 4 * CHUNK..(k0 + self.kb) / 4 * CHUNK], 64)?;
+            self.unit.load(4, &self.x[self.m0 * b.kp + k0..], b.kp)?;
+            if self.centered {
+                self.unit.dpbssd(c, 4, tb)?;
+            } else {
+                self.unit.dpbsud(c, 4, tb)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: TileUnit> GroupSums for Pass<'_, T> {
+    /// Issues the next group's dot products (group 0's were issued before the pass), then stores group
+    /// g's sums, so the tiles compute while the epilogue finishes this group.
+    #[inline(always)]
+    fn group(&mut self, g: usize, sums: &mut [i32; 256]) -> Result<(), TileError> {
+        if g + 1 < self.b.spans.len() {
+            self.issue(g + 1)?;
+        }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut sums[..]);
+        self.unit.store(2 * (g % 2), &mut bytes[..self.r * 64], 64)
+    }
 }
 
 /// A W4A8 linear layer: quantizes its f32 input to int8 and runs the chosen kernel.

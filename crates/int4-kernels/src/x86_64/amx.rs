@@ -86,6 +86,7 @@ impl TileUnit for AmxTiles {
         Ok(())
     }
 
+    #[inline(always)]
     fn zero(&mut self, t: usize) -> Result<(), TileError> {
         self.shapes.shape(t)?;
         with_tile!(t, |tn| {
@@ -95,6 +96,7 @@ impl TileUnit for AmxTiles {
         Ok(())
     }
 
+    #[inline(always)]
     fn load(&mut self, t: usize, base: &[u8], stride: usize) -> Result<(), TileError> {
         self.shapes.check_memory(t, base.len(), stride)?;
         let p = base.as_ptr();
@@ -114,21 +116,30 @@ impl TileUnit for AmxTiles {
     fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
         self.needs(self.int8, "TDPBUSD")?;
         self.shapes.check_dot(dst, a, b)?;
-        dot_roles("tdpbusd", dst, a, b)
+        dot_roles(Dot::Busd, dst, a, b)
     }
 
+    #[inline(always)]
     fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
         self.needs(self.int8, "TDPBSUD")?;
         self.shapes.check_dot(dst, a, b)?;
-        dot_roles("tdpbsud", dst, a, b)
+        dot_roles(Dot::Bsud, dst, a, b)
+    }
+
+    #[inline(always)]
+    fn dpbssd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        self.needs(self.int8, "TDPBSSD")?;
+        self.shapes.check_dot(dst, a, b)?;
+        dot_roles(Dot::Bssd, dst, a, b)
     }
 
     fn dpbf16ps(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
         self.needs(self.bf16, "TDPBF16PS")?;
         self.shapes.check_dot(dst, a, b)?;
-        dot_roles("tdpbf16ps", dst, a, b)
+        dot_roles(Dot::Bf16ps, dst, a, b)
     }
 
+    #[inline(always)]
     fn store(&self, t: usize, base: &mut [u8], stride: usize) -> Result<(), TileError> {
         self.shapes.check_memory(t, base.len(), stride)?;
         let p = base.as_mut_ptr();
@@ -154,30 +165,60 @@ impl TileUnit for AmxTiles {
     }
 }
 
+/// The tile dot products.
+#[derive(Clone, Copy, Debug)]
+enum Dot {
+    /// `TDPBUSD`: u8 A, s8 B.
+    Busd,
+    /// `TDPBSUD`: s8 A, u8 B.
+    Bsud,
+    /// `TDPBSSD`: s8 A, s8 B.
+    Bssd,
+    /// `TDPBF16PS`: bf16 pairs into f32.
+    Bf16ps,
+}
+
+impl Dot {
+    fn mnemonic(self) -> &'static str {
+        match self {
+            Dot::Busd => "tdpbusd",
+            Dot::Bsud => "tdpbsud",
+            Dot::Bssd => "tdpbssd",
+            Dot::Bf16ps => "tdpbf16ps",
+        }
+    }
+}
+
 /// Executes one dot product with the kernel's tile roles: accumulators 0–3, A 4–5, B 6–7.
 #[cfg(target_arch = "x86_64")]
-fn dot_roles(op: &'static str, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+#[inline(always)]
+fn dot_roles(op: Dot, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
     macro_rules! dot {
         ($($d:literal $a:literal $b:literal),*) => {
             match (op, dst, a, b) {
                 $(
-                    ("tdpbusd", $d, $a, $b) => {
+                    (Dot::Busd, $d, $a, $b) => {
                         // SAFETY: AMX is usable (the caller holds a token) and the three tiles are
                         // configured with shapes the instruction accepts (check_dot).
                         unsafe { std::arch::asm!(concat!("tdpbusd tmm", $d, ", tmm", $a, ", tmm", $b), options(nostack, nomem)) }
                     }
-                    ("tdpbsud", $d, $a, $b) => {
+                    (Dot::Bsud, $d, $a, $b) => {
                         // SAFETY: as for tdpbusd above.
                         unsafe { std::arch::asm!(concat!("tdpbsud tmm", $d, ", tmm", $a, ", tmm", $b), options(nostack, nomem)) }
                     }
-                    ("tdpbf16ps", $d, $a, $b) => {
+                    (Dot::Bssd, $d, $a, $b) => {
+                        // SAFETY: as for tdpbusd above.
+                        unsafe { std::arch::asm!(concat!("tdpbssd tmm", $d, ", tmm", $a, ", tmm", $b), options(nostack, nomem)) }
+                    }
+                    (Dot::Bf16ps, $d, $a, $b) => {
                         // SAFETY: as for tdpbusd above; the unit was built from an AMX-BF16 token.
                         unsafe { std::arch::asm!(concat!("tdpbf16ps tmm", $d, ", tmm", $a, ", tmm", $b), options(nostack, nomem)) }
                     }
                 )*
                 _ => {
                     return Err(TileError::ShapeMismatch(format!(
-                        "{op} tmm{dst}, tmm{a}, tmm{b}: the hardware unit takes accumulators in tiles 0-3, A in 4-5 and B in 6-7"
+                        "{} tmm{dst}, tmm{a}, tmm{b}: the hardware unit takes accumulators in tiles 0-3, A in 4-5 and B in 6-7",
+                        op.mnemonic()
                     )))
                 }
             }

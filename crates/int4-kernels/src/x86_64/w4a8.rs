@@ -23,6 +23,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::isa::{Avx2Fma, Avx512, Avx512Vnni};
+use crate::tile::TileError;
+use crate::w4a8::GroupSums;
 use crate::w4a8::block::Block;
 use crate::w4a8::params::Params;
 use crate::w4a8::round::{ROUND_MAGIC, quantize_one};
@@ -422,13 +424,34 @@ impl GroupParams16 {
             None if pair => _mm512_set1_epi32(t.sum_times_128),
             None => _mm512_set1_epi32(t.sum_times_8),
         };
-        let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zsum));
+        // SAFETY: the caller's contract is this one's.
+        unsafe { self.finish_centered_row(b, row, g, _mm512_sub_epi32(acc, zsum), self.offsets, out) };
+    }
+
+    /// [`GroupParams16::finish_row`] from `acc − z·Σx` ([`Block::finish_centered`]), with the block's
+    /// offsets passed as `offsets` (`self.offsets`, as a value a loop can be specialized on).
+    ///
+    /// # Safety
+    /// As for [`GroupParams16::finish_row`].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn finish_centered_row(
+        &self,
+        b: &Block,
+        row: usize,
+        g: usize,
+        centered: __m512i,
+        offsets: Option<__m512>,
+        out: &mut [f32],
+    ) {
+        let t = &b.terms[row * b.groups + g];
+        let v = _mm512_cvtepi32_ps(centered);
         let a_scale = _mm512_set1_ps(t.a_scale);
         // SAFETY: out holds (row + 1) × 16 values (the caller's contract).
         let o = unsafe { out.as_mut_ptr().add(row * 16) };
         // SAFETY: as above.
         let mut acc_f = _mm512_fmadd_ps(v, _mm512_mul_ps(a_scale, self.scales), unsafe { _mm512_loadu_ps(o) });
-        if let Some(f) = self.offsets {
+        if let Some(f) = offsets {
             acc_f = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, f), acc_f);
         }
         // SAFETY: as above.
@@ -437,22 +460,23 @@ impl GroupParams16 {
 }
 
 /// [`Block::finish`] for the consecutive rows `rows` of group `g`, sixteen lanes at a time: the AMX
-/// tiling's epilogue. `acc` holds the rows' i32 sums, `[rows.len()][16]`, as a tile store leaves them.
-/// The arithmetic is `rows_vnni`'s epilogue (one [`GroupParams16::finish_row`]), so the bits are
-/// [`Block::finish`]'s.
+/// tiling's epilogue. `acc` holds the rows' i32 sums, `[rows.len()][16]`, as a tile store leaves them:
+/// `Σ xq·q`, or with `centered` `Σ xq·(q − z)` ([`Block::finish_centered`]). The arithmetic is
+/// `rows_vnni`'s epilogue (one [`GroupParams16::finish_row`]), so the bits are [`Block::finish`]'s.
 pub(crate) fn finish_rows_avx512(
     _tok: Avx512Vnni,
     b: &Block,
     rows: Range<usize>,
     g: usize,
     acc: &[i32],
+    centered: bool,
     out: &mut [f32],
 ) {
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     assert!(g < b.spans.len() && rows.end <= b.m, "group {g} and rows {rows:?} lie within the block");
     assert!(acc.len() >= rows.len() * 16 && out.len() >= rows.end * 16, "16 sums a row in, 16 outputs a row out");
     // SAFETY: the token proves AVX-512 F/BW/VL; the asserts above are the function's contract.
-    unsafe { finish_rows_avx512_impl(b, rows, g, acc, out) }
+    unsafe { finish_rows_avx512_impl(b, rows, g, acc, centered, out) }
 }
 
 /// The body of [`finish_rows_avx512`].
@@ -462,15 +486,146 @@ pub(crate) fn finish_rows_avx512(
 /// one of its groups, `rows.end ≤ b.m`, `acc` must hold `rows.len() × 16` sums and `out` `rows.end × 16`
 /// values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn finish_rows_avx512_impl(b: &Block, rows: Range<usize>, g: usize, acc: &[i32], out: &mut [f32]) {
+unsafe fn finish_rows_avx512_impl(
+    b: &Block,
+    rows: Range<usize>,
+    g: usize,
+    acc: &[i32],
+    centered: bool,
+    out: &mut [f32],
+) {
     // SAFETY: AVX-512F, and g's tables cover it (the contract).
     let params = unsafe { GroupParams16::load(b, g) };
-    for (i, row) in rows.enumerate() {
-        // SAFETY: i < rows.len(), so acc[16i .. 16i + 16] is within acc.
-        let a = unsafe { _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast()) };
-        // SAFETY: row < rows.end ≤ m, g is a group, and out holds rows.end × 16 values (the contract).
-        unsafe { params.finish_row(b, row, g, a, b.low.is_some(), out) };
+    // One loop per case, so no row tests what the group's parameters already say.
+    match (centered, params.offsets) {
+        (true, Some(f)) => {
+            for (i, row) in rows.enumerate() {
+                // SAFETY: i < rows.len(), so acc[16i .. 16i + 16] is within acc; row < rows.end ≤ m, g is a
+                // group, and out holds rows.end × 16 values (the contract).
+                unsafe {
+                    let sums = _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast());
+                    params.finish_centered_row(b, row, g, sums, Some(f), out);
+                }
+            }
+        }
+        (true, None) => {
+            for (i, row) in rows.enumerate() {
+                // SAFETY: as above.
+                unsafe {
+                    let sums = _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast());
+                    params.finish_centered_row(b, row, g, sums, None, out);
+                }
+            }
+        }
+        (false, _) => {
+            for (i, row) in rows.enumerate() {
+                // SAFETY: as above.
+                unsafe {
+                    let sums = _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast());
+                    params.finish_row(b, row, g, sums, b.low.is_some(), out);
+                }
+            }
+        }
     }
+}
+
+/// [`Block::finish`] for sixteen consecutive rows from `row0` over every group of the block, one group
+/// after another: the AMX tiling's epilogue for one pass, where `steps.group(g, sums)` stores group `g`'s sums,
+/// `[16][16]` (`Σ xq·q`, or with `centered` `Σ xq·(q − z)`), and runs the tiles ahead. The sixteen rows'
+/// outputs stay in registers from the first group to the last, so each row and group costs a conversion,
+/// the scale's multiply and a multiply-add (two more with offsets), not a load and a store of its outputs
+/// as well. Every output sees the same operations in the same order as through [`finish_rows_avx512`],
+/// so the bits are [`Block::finish`]'s.
+pub(crate) fn finish_pass_avx512<S: GroupSums>(
+    _tok: Avx512Vnni,
+    b: &Block,
+    row0: usize,
+    centered: bool,
+    out: &mut [f32],
+    steps: &mut S,
+) -> Result<(), TileError> {
+    assert!(params_cover(b), "a block's parameter tables hold 16 per group");
+    assert!(row0 + 16 <= b.m && out.len() >= (row0 + 16) * 16, "rows {row0}..{} lie within the block", row0 + 16);
+    // SAFETY: the token proves AVX-512 F/BW/VL; the asserts above are the functions' contract.
+    unsafe {
+        match (centered, b.offsets.is_some()) {
+            (true, false) => finish_pass_avx512_impl::<S, true, false>(b, row0, out, steps),
+            (true, true) => finish_pass_avx512_impl::<S, true, true>(b, row0, out, steps),
+            (false, false) => finish_pass_avx512_impl::<S, false, false>(b, row0, out, steps),
+            (false, true) => finish_pass_avx512_impl::<S, false, true>(b, row0, out, steps),
+        }
+    }
+}
+
+/// The body of [`finish_pass_avx512`], for sums `CENTERED` or not and a block with `OFFSETS` or without.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL; `b`'s tables must cover its groups (`params_cover`),
+/// `row0 + 16 ≤ b.m`, and `out` must hold `(row0 + 16) × 16` values; `OFFSETS` must be whether `b` has
+/// offsets.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn finish_pass_avx512_impl<S: GroupSums, const CENTERED: bool, const OFFSETS: bool>(
+    b: &Block,
+    row0: usize,
+    out: &mut [f32],
+    steps: &mut S,
+) -> Result<(), TileError> {
+    /// `$body` once for each of the sixteen rows, with `$r` the row as a constant, so the sixteen outputs
+    /// are sixteen registers rather than an array in memory (a loop over them stays a loop).
+    macro_rules! each_row {
+        ($r:ident => $body:block) => {
+            each_row!(@ $r $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+        };
+        (@ $r:ident $body:block; $($n:literal)*) => {
+            $({
+                const $r: usize = $n;
+                $body
+            })*
+        };
+    }
+    // SAFETY: out holds (row0 + 16) × 16 values (the contract).
+    let o = unsafe { out.as_mut_ptr().add(row0 * 16) };
+    let mut acc = [_mm512_setzero_ps(); 16];
+    each_row!(R => {
+        // SAFETY: R < 16, within the rows above.
+        acc[R] = unsafe { _mm512_loadu_ps(o.add(R * 16)) };
+    });
+    let mut sums = [0i32; 256];
+    for g in 0..b.spans.len() {
+        // SAFETY: AVX-512F, and g's tables cover it (the contract).
+        let params = unsafe { GroupParams16::load(b, g) };
+        let offsets = params.offsets.unwrap_or(_mm512_setzero_ps());
+        // SAFETY: row0 + 16 ≤ m and g < groups, so each row's entry is within `terms` (`m × groups`,
+        // params_cover).
+        let terms = unsafe { b.terms.as_ptr().add(row0 * b.groups + g) };
+        steps.group(g, &mut sums)?;
+        let tile = sums.as_ptr();
+        each_row!(R => {
+            // SAFETY: as above, entry (row0 + R)·groups + g; row R of the 16 × 16 sums.
+            let (t, s) = unsafe { (&*terms.add(R * b.groups), _mm512_loadu_si512(tile.add(R * 16).cast())) };
+            let centered = if CENTERED {
+                s
+            } else {
+                // z·Σx per lane, as in `finish_row`.
+                let zsum = match params.zeros {
+                    Some(z) => _mm512_mullo_epi32(z, _mm512_set1_epi32(t.sum)),
+                    None if b.low.is_some() => _mm512_set1_epi32(t.sum_times_128),
+                    None => _mm512_set1_epi32(t.sum_times_8),
+                };
+                _mm512_sub_epi32(s, zsum)
+            };
+            let a_scale = _mm512_set1_ps(t.a_scale);
+            acc[R] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centered), _mm512_mul_ps(a_scale, params.scales), acc[R]);
+            if OFFSETS {
+                acc[R] = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, offsets), acc[R]);
+            }
+        });
+    }
+    each_row!(R => {
+        // SAFETY: as for the loads above.
+        unsafe { _mm512_storeu_ps(o.add(R * 16), acc[R]) };
+    });
+    Ok(())
 }
 
 /// Sixteen of a block's parameters from `at`, widened to f32 (`vcvtph2ps` is AVX-512F).
