@@ -816,13 +816,35 @@ fn tiles_operand<T: TileUnit>(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let kb = op.shape().kb;
+    let panels = row_tile_panels(a, kb);
     run_blocks(a, op, bias, out, &|b, tile| {
         let mut unit = new_unit();
-        let result = block_tiles(&mut unit, b, kb, epilogue, tile);
+        let result = block_tiles(&mut unit, b, kb, &panels, epilogue, tile);
         // Released on every path, success or error: the next kernel loads its own configuration.
         unit.release();
         result
     })
+}
+
+/// The activations as the A operand of the tile dot products: per row tile (16 rows from `m0`, or the
+/// rows left), per K block of `kb` bytes, the tile's rows one after another, `[rows][kb]` at
+/// `m0·kp + (k0 / kb)·rows·kb`. A tile load then reads `rows × kb` consecutive bytes, the next group's
+/// right after, where from `[m][kp]` it would touch a line per row every time (every block reads every
+/// pass's activations again).
+fn row_tile_panels(a: &QuantizedActivations, kb: usize) -> Vec<u8> {
+    let (m, kp) = (a.m, a.k_padded);
+    assert!(kb > 0 && kp.is_multiple_of(kb) && a.data.len() == m * kp, "activations of [m][kp] in K blocks of kb");
+    let x: &[u8] = bytemuck::cast_slice(&a.data);
+    let mut panels = vec![0u8; m * kp];
+    panels.par_chunks_mut(16 * kp).zip(x.par_chunks(16 * kp)).for_each(|(panel, rows)| {
+        let r = rows.len() / kp;
+        for (j, dst) in panel.chunks_exact_mut(r * kb).enumerate() {
+            for (row, dst) in dst.chunks_exact_mut(kb).enumerate() {
+                dst.copy_from_slice(&rows[row * kp + j * kb..row * kp + (j + 1) * kb]);
+            }
+        }
+    });
+    panels
 }
 
 /// The block's codes as the B operand of the tile dot products: K quad `r` is row `r` (64 bytes), channel
@@ -884,12 +906,13 @@ fn block_tiles<T: TileUnit>(
     unit: &mut T,
     b: &Block,
     kb: usize,
+    panels: &[u8],
     epilogue: TileEpilogue,
     out: &mut [f32],
 ) -> Result<(), TileError> {
     let mut expanded = EXPANDED.take();
     expand_codes(b, &mut expanded);
-    let result = block_tiles_expanded(unit, b, kb, epilogue, &expanded, out);
+    let result = block_tiles_expanded(unit, b, kb, panels, epilogue, &expanded, out);
     EXPANDED.set(expanded);
     result
 }
@@ -898,11 +921,11 @@ fn block_tiles_expanded<T: TileUnit>(
     unit: &mut T,
     b: &Block,
     kb: usize,
+    panels: &[u8],
     epilogue: TileEpilogue,
     expanded: &[u8],
     out: &mut [f32],
 ) -> Result<(), TileError> {
-    let x: &[u8] = bytemuck::cast_slice(b.x);
     // Codes stored less an implicit zero are signed (`expand_codes`).
     let centered = b.implicit_zero();
     let mut loaded = 0;
@@ -918,7 +941,7 @@ fn block_tiles_expanded<T: TileUnit>(
             unit.load_config(&cfg)?;
             loaded = r;
         }
-        let mut pass = Pass { unit: &mut *unit, b, x, expanded, kb, m0, r, centered, k_blocks: 0 };
+        let mut pass = Pass { unit: &mut *unit, b, panels, expanded, kb, m0, r, centered, k_blocks: 0 };
         pass.issue(0)?;
         epilogue.run_pass(b, m0..m0 + r, centered, out, &mut pass)?;
     }
@@ -931,13 +954,13 @@ pub(crate) trait GroupSums {
     fn group(&mut self, g: usize, sums: &mut [i32; 256]) -> Result<(), TileError>;
 }
 
-/// One pass of [`block_tiles_expanded`] on its tile unit: the block, its activations (as bytes) and
-/// expanded codes, the K block, the pass's first row and row count, whether the codes are centered, and
+/// One pass of [`block_tiles_expanded`] on its tile unit: the block, its activations (as row tile panels,
+/// [`row_tile_panels`]) and expanded codes, the K block, the pass's first row and row count, whether the codes are centered, and
 /// how many K blocks have been issued (which alternates the B tile).
 struct Pass<'a, T: TileUnit> {
     unit: &'a mut T,
     b: &'a Block<'a>,
-    x: &'a [u8],
+    panels: &'a [u8],
     expanded: &'a [u8],
     kb: usize,
     m0: usize,
@@ -957,7 +980,8 @@ impl<T: TileUnit> Pass<'_, T> {
             let tb = 6 + self.k_blocks % 2;
             self.k_blocks += 1;
             self.unit.load(tb, &self.expanded[k0 / 4 * CHUNK..(k0 + self.kb) / 4 * CHUNK], 64)?;
-            self.unit.load(4, &self.x[self.m0 * b.kp + k0..], b.kp)?;
+            let a = self.m0 * b.kp + k0 / self.kb * self.r * self.kb;
+            self.unit.load(4, &self.panels[a..a + self.r * self.kb], self.kb)?;
             if self.centered {
                 self.unit.dpbssd(c, 4, tb)?;
             } else {
