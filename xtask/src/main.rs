@@ -41,12 +41,17 @@ mod imports;
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
+    // A task takes only the options the usage names: `ci --help` runs nothing rather than the whole CI.
+    let no_options = |task: &str, allowed: &[&str]| match rest.iter().find(|a| !allowed.contains(a)) {
+        Some(a) => bail!("`cargo xtask {task}` takes no `{a}` (try `cargo xtask --help`)"),
+        None => Ok(()),
+    };
     match args.first().map(String::as_str) {
-        Some("ci") => ci(),
-        Some("lint") => imports::lint(&workspace_root()),
-        Some("bench") => bench(rest.contains(&"--quick")),
+        Some("ci") => no_options("ci", &[]).and_then(|()| ci()),
+        Some("lint") => no_options("lint", &[]).and_then(|()| imports::lint(&workspace_root())),
+        Some("bench") => no_options("bench", &["--quick"]).and_then(|()| bench(rest.contains(&"--quick"))),
         Some("fetch-model") => fetch_model(&rest),
-        Some("emulate-avx512") => emulated_avx512(&mut (0, 0)),
+        Some("emulate-avx512") => no_options("emulate-avx512", &[]).and_then(|()| emulated_avx512(&mut (0, 0))),
         Some("-h") | Some("--help") | None => {
             println!("usage: cargo xtask <ci | lint | bench [--quick] | fetch-model [--dir DIR] | emulate-avx512>");
             Ok(())
