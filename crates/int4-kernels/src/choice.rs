@@ -503,7 +503,8 @@ mod tests {
             for beside in [amx, amx_avx2] {
                 let eight = w8a16_beside(&beside, &caps).unwrap();
                 assert!(eight.choice().level() <= caps.effective_level(), "{:?}", eight.choice());
-                assert_eq!(eight.choice(), choose(FeatureSet::live(&caps), LayerSpec::W8a16 { prefill_from: 2 }));
+                let spec = LayerSpec::W8a16 { prefill_from: W8A16_PREFILL_FROM_ROWS };
+                assert_eq!(eight.choice(), choose(FeatureSet::live(&caps), spec));
             }
         }
     }

@@ -53,7 +53,7 @@ pub enum KernelId {
     W4a8Avx2,
     /// W4A8, AVX-512 VNNI `vpdpbusd`.
     W4a8Vnni,
-    /// W4A8, AMX tiles (`tdpbsud`).
+    /// W4A8, AMX tiles (`tdpbsud`; `tdpbssd` where the zero point is implicit).
     W4a8Amx,
     /// W8A16 (int8 codes, f32 activations) decode GEMV, portable Rust (`f32::mul_add` on sixteen lanes).
     W8a16DecodePortable,

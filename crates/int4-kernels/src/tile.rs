@@ -3,14 +3,15 @@
 //! The W4A8 tiling ([`crate::w4a8`]) and the W4A16 AMX-BF16 prefill ([`crate::w4a16`]) are written once
 //! over [`TileUnit`]. The emulator implements the
 //! documented semantics of palette 1 exactly — eight tile registers of at most 16 rows × 64 bytes, a
-//! configuration that must be loaded before any tile instruction, `TDPBUSD`'s u8 × s8 products summed in
-//! fours into wrapping i32 accumulators, with B in the VNNI layout (each 4-byte group of a B row holds four
+//! configuration that must be loaded before any tile instruction, `TDPBUSD`'s u8 × s8 products (and
+//! `TDPBSUD`'s s8 × u8, `TDPBSSD`'s s8 × s8) summed in fours into wrapping i32 accumulators, with B in the
+//! VNNI layout (each 4-byte group of a B row holds four
 //! consecutive K values of one output column) — and reports a configuration mistake as an error where the
 //! hardware would fault (`#UD`) or silently compute on the wrong shape. So the whole kernel is tested here,
 //! bit for bit, on a machine without AMX.
 //!
-//! The hardware implementation ([`crate::AmxTiles`], in `x86_64::amx`: `ldtilecfg`/`tileloadd`/`tdpbsud`/`tilestored`/
-//! `tilerelease` through `asm!`) can only be constructed through a capability token that checks CPUID,
+//! The hardware implementation ([`crate::AmxTiles`], in `x86_64::amx`: `ldtilecfg`/`tileloadd`/the dot
+//! products/`tilestored`/`tilerelease` through `asm!`) can only be constructed through a capability token that checks CPUID,
 //! XCR0 and Linux's tile permission, and performs the same operand checks as the emulator
 //! ([`TileShapes`]) before every instruction, so a mistake is an error on either unit.
 

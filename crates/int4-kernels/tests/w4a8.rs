@@ -522,7 +522,7 @@ fn a_forced_kernel_the_cpu_lacks_is_an_error() {
 fn every_isa_cap_dispatches_to_the_best_kernel_it_allows_bit_exactly() {
     use int4_kernels::isa::Feature;
     let mut rng = Rng::new(43);
-    // Enough rows for the AMX tiles, where the CPU has them: two passes of two row tiles, then eight rows.
+    // Enough rows for the AMX tiles, where the CPU has them: four passes of a full row tile, then eight rows.
     let (n, k, m, group) = (80, 200, int4_kernels::w4a8::AMX_MIN_ROWS + 8, GroupSize::G64);
     let l = layer(&mut rng, n, k, group, Zeros::Float);
     let packed = l.pack(group);
@@ -557,6 +557,77 @@ fn every_isa_cap_dispatches_to_the_best_kernel_it_allows_bit_exactly() {
         W4A8Linear::with_kernels(packed.clone(), Some(bias.clone()), kernel).unwrap().forward(&x, m, &mut out).unwrap();
         assert!(out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "cap {name}: {expected:?} differs");
         eprintln!("cap {name}: {}", expected.name());
+    }
+}
+
+/// Activations that do not fit the weights are an error on every kernel and on the AMX tiling over either
+/// tile unit, never a panic: a row length, a data length, and scales for the wrong number of groups.
+#[test]
+fn activations_that_do_not_fit_are_errors_on_every_kernel() {
+    let mut rng = Rng::new(41);
+    let (n, k, group) = (32, 64, GroupSize::G32);
+    let packed = layer(&mut rng, n, k, group, Zeros::Float).pack(group);
+    let x = rng.activations(70, k);
+    let good = quantize_activations(&x, 70, &packed, ActivationScales::PerGroup).unwrap();
+    let mut bad = Vec::new();
+    let mut a = good.clone();
+    a.k_padded += 32;
+    bad.push(("row length", a));
+    let mut a = good.clone();
+    a.data.pop();
+    bad.push(("data", a));
+    let mut a = good.clone();
+    a.scales.push(1.0);
+    a.sums.push(0);
+    bad.push(("scales", a));
+    for (what, a) in &bad {
+        let mut out = vec![0.0f32; a.m * n];
+        for (kernels, name) in runnable_kernels("activations_that_do_not_fit") {
+            let kernel = W4A8Kernel::for_rows(&kernels, a.m).unwrap();
+            assert!(gemm(kernel, a, &packed, None, &mut out).is_err(), "{name}: {what}");
+        }
+        assert!(gemm_tiles(&TileEmulator::new, a, &packed, None, &mut out).is_err(), "emulated tiles: {what}");
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tok) = hardware_tiles("activations_that_do_not_fit") {
+            let unit = || int4_kernels::AmxTiles::new(tok);
+            assert!(gemm_tiles(&unit, a, &packed, None, &mut out).is_err(), "hardware tiles: {what}");
+        }
+    }
+}
+
+/// The hardware tile unit's TDPBUSD, TDPBSUD and TDPBSSD give the emulator's sums, which follow the
+/// definitions (the test below), on full 16 × 64 tiles whose accumulators start near the i32 limits so
+/// some sums wrap.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn hardware_tile_dot_products_match_the_emulator() {
+    let Some(tok) = hardware_tiles("hardware_tile_dot_products") else { return };
+    let a: Vec<u8> = (0..16 * 64).map(|i| (i * 53 + 7) as u8).collect();
+    let b: Vec<u8> = (0..16 * 64).map(|i| (i * 97 + 201) as u8).collect();
+    let start: Vec<u8> = (0..16 * 16)
+        .flat_map(|i: i32| [i32::MAX - 3 * i, i32::MIN + 5 * i, 7 * i - 900, -11 * i][i as usize % 4].to_le_bytes())
+        .collect();
+    let run = |unit: &mut dyn TileUnit, op: usize| {
+        let cfg = TileConfig::new().with_tile(0, 16, 64).with_tile(4, 16, 64).with_tile(6, 16, 64);
+        unit.load_config(&cfg).unwrap();
+        unit.load(0, &start, 64).unwrap();
+        unit.load(4, &a, 64).unwrap();
+        unit.load(6, &b, 64).unwrap();
+        match op {
+            0 => unit.dpbusd(0, 4, 6).unwrap(),
+            1 => unit.dpbsud(0, 4, 6).unwrap(),
+            _ => unit.dpbssd(0, 4, 6).unwrap(),
+        }
+        let mut out = vec![0u8; 16 * 64];
+        unit.store(0, &mut out, 64).unwrap();
+        unit.release();
+        out
+    };
+    for (op, name) in ["TDPBUSD", "TDPBSUD", "TDPBSSD"].into_iter().enumerate() {
+        let want = run(&mut TileEmulator::new(), op);
+        let got = run(&mut int4_kernels::AmxTiles::new(tok), op);
+        assert_eq!(got, want, "{name}");
+        assert_ne!(want, start, "{name} changed the accumulators");
     }
 }
 

@@ -607,7 +607,8 @@ fn numerics_for(opts: &LoadOptions, kind: CheckpointKind, group: GroupSize) -> R
     };
     let p = plan(&snap, kind, opts.priority, &overrides).map_err(at("path"))?;
     let kernels = p.kernels().bind(&opts.caps).map_err(at(format!("path {}", p.path)))?;
-    // Layers stored in 8 bits run on the W8A16 kernels of the plan's own instruction-set level.
+    // Layers stored in 8 bits run on the W8A16 kernels of the plan's own instruction-set level, as far as
+    // the caps leave (`choice::w8a16_beside`); beside the portable row-major layout, the portable ones.
     let portable_eight = || {
         let spec = LayerSpec::W8a16 { prefill_from: choice::W8A16_PREFILL_FROM_ROWS };
         choice::at_level(spec, IsaLevel::Portable, &opts.caps).map_err(at(format!("path {}", p.path)))

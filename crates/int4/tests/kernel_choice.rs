@@ -81,7 +81,8 @@ fn every_layer_runs_the_kernels_its_plan_names_at_every_isa_level() {
                 engine.model.forward(&prompt, &mut kv, false).unwrap();
                 engine.model.forward(&[7], &mut kv, false).unwrap();
                 // The unquantized head is held at 8 bits (the default): on the W4A16 and portable paths it runs
-                // the W8A16 kernels of the plan's own level, on W4A8 the same W4A8 kernel as two planes.
+                // the W8A16 kernels of the plan's own level as far as the caps leave, on W4A8 the same W4A8
+                // kernel as two planes.
                 let head_decode = match plan.layout {
                     PackedLayout::Tinygemm32 | PackedLayout::Tinygemm64 | PackedLayout::RowMajor => {
                         let eight = if plan.layout == PackedLayout::RowMajor {
@@ -91,7 +92,11 @@ fn every_layer_runs_the_kernels_its_plan_names_at_every_isa_level() {
                         } else {
                             int4::kernels::choice::w8a16_beside(&plan.kernels(), caps)
                         };
-                        eight.unwrap().choice().decode
+                        let decode = eight.unwrap().choice().decode;
+                        // Never above what the caps leave (AMX-BF16 needs only AVX2: without AVX-512 the
+                        // head runs AVX2 beside the AMX prefill).
+                        assert!(decode.level() <= caps.effective_level(), "{what}: head on {decode}");
+                        decode
                     }
                     _ => plan.decode.kernel,
                 };

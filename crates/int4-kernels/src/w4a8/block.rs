@@ -1,4 +1,5 @@
-//! One 16-channel block's work, as every W4A8 kernel variant sees it, and the epilogue they share.
+//! One 16-channel block's work, as every W4A8 kernel variant sees it, the epilogue they share, and where the
+//! AMX tiling's epilogue takes each group's sums from ([`GroupSums`]).
 //!
 //! A leaf module: the driver ([`crate::w4a8`]) builds blocks and the SIMD variants
 //! (`crate::x86_64::w4a8`) consume them, so neither imports the other's module for the type.
@@ -8,6 +9,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::params::Params;
+use crate::tile::TileError;
 
 /// One 16-channel block's work, as every kernel variant sees it.
 pub(crate) struct Block<'a> {
@@ -109,4 +111,11 @@ impl Block<'_> {
     pub fn implicit_zero(&self) -> bool {
         self.zeros.is_none()
     }
+}
+
+/// Where an epilogue takes a pass's sums from: the groups' sums in order, each stored on request (the AMX
+/// tiling's tile stores, run ahead by the next group's dot products).
+pub(crate) trait GroupSums {
+    /// Stores group `g`'s sums into `sums`, `[rows][16]` (the groups are asked for in order).
+    fn group(&mut self, g: usize, sums: &mut [i32; 256]) -> Result<(), TileError>;
 }

@@ -13,8 +13,8 @@
 //! 255·127, so groups of up to 66,000 inputs fit), then the W4A8 epilogue with zero point 128 and scale `s`,
 //! `out = fma(Σ xq·u − 128·Σ xq, a_s·s, out)`: one rounding of the scale product and one of the
 //! multiply-add per group, as a 4-bit layer has. The AVX-512 VNNI and AMX kernels merge each weight's
-//! two nibbles into one unsigned byte (`vpdpbusd` and `tdpbsud` take 0..=255), so a chunk costs one dot
-//! product per quad and row, as a 4-bit one does; AVX2, whose `vpmaddubsw` pair sums would saturate on
+//! two nibbles into one byte (`vpdpbusd` takes it unsigned, 0..=255; the AMX tiling stores `u − 128` as a
+//! signed byte for `tdpbssd`), so a chunk costs one dot product per quad and row, as a 4-bit one does; AVX2, whose `vpmaddubsw` pair sums would saturate on
 //! 8-bit codes, and the portable kernel sum the planes apart and take `16·Σ xq·hi + Σ xq·lo`, the same
 //! integer. Decode (memory-bound) reads the same 8 bits per weight either way.
 //!

@@ -23,7 +23,9 @@
 //! `vpdpbusd`, `tdpbsud` with A signed and B unsigned), and the activations the signed one. So no +128
 //! offset and no compensation term are needed: the zero point's `z·Σ xq` is the only correction, applied
 //! once per group, and symmetric and asymmetric checkpoints run the same kernel. No product can saturate
-//! the 16-bit pair sums of `vpmaddubsw`: `|2·15·127| < 2¹⁵`.
+//! the 16-bit pair sums of `vpmaddubsw`: `|2·15·127| < 2¹⁵`. The AMX tiling, which has a signed-by-signed
+//! product (`tdpbssd`), stores codes whose zero point is implicit (8, a pair's 128) less it, as signed
+//! bytes, so its sums are `Σ xq·(q − z)` directly: the same integers, with the correction folded in.
 //!
 //! # Layout
 //!
@@ -64,7 +66,7 @@ use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::tile::{TileConfig, TileError, TileUnit};
-use block::{Block, RowGroupTerms};
+use block::{Block, GroupSums, RowGroupTerms};
 use params::Params;
 pub use params::{ParamTable, ParamType, TableBytes};
 use round::quantize_one;
@@ -744,7 +746,7 @@ pub(crate) fn tiles_planes<T: TileUnit>(
 }
 
 /// How the AMX tiling turns a group's i32 sums into f32: [`Block::finish`] row by row, or the same
-/// arithmetic sixteen lanes at a time. The tiles' dot products take a group in one or two instructions, so
+/// arithmetic sixteen lanes at a time. The tiles' dot products take a group in one instruction per 64 inputs, so
 /// a scalar epilogue would cost several times the products (docs/perf.md, "AMX on hardware").
 #[derive(Clone, Copy, Debug)]
 enum TileEpilogue {
@@ -777,12 +779,12 @@ impl TileEpilogue {
         out: &mut [f32],
         steps: &mut S,
     ) -> Result<(), TileError> {
+        #[cfg(target_arch = "x86_64")]
+        if let (TileEpilogue::Avx512(tok), 16) = (self, rows.len()) {
+            return crate::x86_64::w4a8::finish_pass_avx512(tok, b, rows.start, centered, out, steps);
+        }
         let mut sums = [0i32; 256];
         match self {
-            #[cfg(target_arch = "x86_64")]
-            TileEpilogue::Avx512(tok) if rows.len() == 16 => {
-                crate::x86_64::w4a8::finish_pass_avx512(tok, b, rows.start, centered, out, steps)
-            }
             #[cfg(target_arch = "x86_64")]
             TileEpilogue::Avx512(tok) => {
                 for g in 0..b.spans.len() {
@@ -815,6 +817,11 @@ fn tiles_operand<T: TileUnit>(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
+    // The operands are checked before the activations are laid out (run_blocks checks them again).
+    check_operands(a, op.shape(), bias, out)?;
+    if a.m == 0 {
+        return Ok(());
+    }
     let kb = op.shape().kb;
     let panels = row_tile_panels(a, kb);
     run_blocks(a, op, bias, out, &|b, tile| {
@@ -946,12 +953,6 @@ fn block_tiles_expanded<T: TileUnit>(
         epilogue.run_pass(b, m0..m0 + r, centered, out, &mut pass)?;
     }
     Ok(())
-}
-
-/// Where an epilogue takes a pass's sums from: the groups' sums in order, each stored on request.
-pub(crate) trait GroupSums {
-    /// Stores group `g`'s sums into `sums`, `[rows][16]` (the groups are asked for in order).
-    fn group(&mut self, g: usize, sums: &mut [i32; 256]) -> Result<(), TileError>;
 }
 
 /// One pass of [`block_tiles_expanded`] on its tile unit: the block, its activations (as row tile panels,
@@ -1095,8 +1096,8 @@ mod tests {
 
     /// The tiling's two epilogues give the same bits as the portable kernel, whichever one
     /// [`TileEpilogue::live`] would take here: the scalar one runs on every machine, the AVX-512 one where
-    /// the process has VNNI. Rows 40 and 50 take a configuration change after two full row tiles, to one
-    /// tile and to a partial second one; offsets and integer zeros both appear.
+    /// the process has VNNI. Rows 40 and 50 end in a partial row tile (8 and 2 rows) after full ones, which
+    /// takes a configuration change and the epilogue of fewer rows; offsets and integer zeros both appear.
     #[test]
     fn both_tile_epilogues_match_the_portable_kernel() {
         let (n, k, group) = (48, 200, GroupSize::G64);

@@ -113,6 +113,7 @@ impl TileUnit for AmxTiles {
         Ok(())
     }
 
+    #[inline(always)]
     fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
         self.needs(self.int8, "TDPBUSD")?;
         self.shapes.check_dot(dst, a, b)?;
@@ -133,6 +134,7 @@ impl TileUnit for AmxTiles {
         dot_roles(Dot::Bssd, dst, a, b)
     }
 
+    #[inline(always)]
     fn dpbf16ps(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
         self.needs(self.bf16, "TDPBF16PS")?;
         self.shapes.check_dot(dst, a, b)?;

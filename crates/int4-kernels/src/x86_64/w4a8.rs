@@ -1,5 +1,7 @@
-//! The W4A8 block kernels: AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`), and the activation
-//! quantization's AVX2 and AVX-512 loops (the portable rule's bits, eight and sixteen values at a time).
+//! The W4A8 block kernels: AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`), the AVX-512 epilogues of the
+//! AMX tiling (`finish_pass_avx512`, a row tile's outputs in registers across every group, and
+//! `finish_rows_avx512` for a partial tile), and the activation quantization's AVX2 and AVX-512 loops (the
+//! portable rule's bits, eight and sixteen values at a time).
 //!
 //! Both read one 16-channel block's packed codes 64 bytes (8 input channels) at a time, split the nibbles
 //! with an AND and a shift into two K quads of unsigned codes (of an 8-bit pair, [`Block::low`]: VNNI
@@ -24,8 +26,7 @@ use std::ops::Range;
 
 use crate::isa::{Avx2Fma, Avx512, Avx512Vnni};
 use crate::tile::TileError;
-use crate::w4a8::GroupSums;
-use crate::w4a8::block::Block;
+use crate::w4a8::block::{Block, GroupSums};
 use crate::w4a8::params::Params;
 use crate::w4a8::round::{ROUND_MAGIC, quantize_one};
 
