@@ -41,12 +41,18 @@ impl AmxTiles {
         AmxTiles { shapes: TileShapes::default(), int8: false, bf16: true, _thread_bound: PhantomData }
     }
 
-    fn needs(&self, ok: bool, what: &str) -> Result<(), TileError> {
-        if ok {
-            Ok(())
-        } else {
-            Err(TileError::ShapeMismatch(format!("{what} needs a unit built from its own AMX token")))
+    /// Checks that this unit's token covers `op` and that the tiles fit it, then executes it.
+    #[inline(always)]
+    fn dot(&self, op: Dot, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
+        let proved = if matches!(op, Dot::Bf16ps) { self.bf16 } else { self.int8 };
+        if !proved {
+            return Err(TileError::ShapeMismatch(format!(
+                "{} needs a unit built from its own AMX token",
+                op.mnemonic().to_uppercase()
+            )));
         }
+        self.shapes.check_dot(dst, a, b)?;
+        dot_roles(op, dst, a, b)
     }
 }
 
@@ -115,30 +121,22 @@ impl TileUnit for AmxTiles {
 
     #[inline(always)]
     fn dpbusd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
-        self.needs(self.int8, "TDPBUSD")?;
-        self.shapes.check_dot(dst, a, b)?;
-        dot_roles(Dot::Busd, dst, a, b)
+        self.dot(Dot::Busd, dst, a, b)
     }
 
     #[inline(always)]
     fn dpbsud(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
-        self.needs(self.int8, "TDPBSUD")?;
-        self.shapes.check_dot(dst, a, b)?;
-        dot_roles(Dot::Bsud, dst, a, b)
+        self.dot(Dot::Bsud, dst, a, b)
     }
 
     #[inline(always)]
     fn dpbssd(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
-        self.needs(self.int8, "TDPBSSD")?;
-        self.shapes.check_dot(dst, a, b)?;
-        dot_roles(Dot::Bssd, dst, a, b)
+        self.dot(Dot::Bssd, dst, a, b)
     }
 
     #[inline(always)]
     fn dpbf16ps(&mut self, dst: usize, a: usize, b: usize) -> Result<(), TileError> {
-        self.needs(self.bf16, "TDPBF16PS")?;
-        self.shapes.check_dot(dst, a, b)?;
-        dot_roles(Dot::Bf16ps, dst, a, b)
+        self.dot(Dot::Bf16ps, dst, a, b)
     }
 
     #[inline(always)]
