@@ -956,8 +956,8 @@ fn block_tiles_expanded<T: TileUnit>(
 }
 
 /// One pass of [`block_tiles_expanded`] on its tile unit: the block, its activations (as row tile panels,
-/// [`row_tile_panels`]) and expanded codes, the K block, the pass's first row and row count, whether the codes are centered, and
-/// how many K blocks have been issued (which alternates the B tile).
+/// [`row_tile_panels`]) and expanded codes, the K block, the pass's first row and row count, whether the
+/// codes are centered, and how many K blocks have been issued (which alternates the B tile).
 struct Pass<'a, T: TileUnit> {
     unit: &'a mut T,
     b: &'a Block<'a>,
