@@ -30,7 +30,8 @@ pub const ALLOWED_DEPENDENCIES: &[(&str, &[&str])] = &[
     ("int4-template", &[]),
     ("int4-hub", &["int4-files"]),
     ("int4-gguf", &["int4-layout", "int4-files", "int4-safetensors"]),
-    ("int4-kernels", &["int4-layout"]),
+    ("int4-team", &[]),
+    ("int4-kernels", &["int4-layout", "int4-team"]),
     ("int4-select", &["int4-layout", "int4-files", "int4-kernels"]),
     ("int4-cache", &["int4-layout", "int4-files", "int4-kernels", "int4-select"]),
     (
@@ -39,6 +40,7 @@ pub const ALLOWED_DEPENDENCIES: &[(&str, &[&str])] = &[
             "int4-layout",
             "int4-files",
             "int4-kernels",
+            "int4-team",
             "int4-select",
             "int4-cache",
             "int4-gguf",
