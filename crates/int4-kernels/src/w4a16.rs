@@ -513,7 +513,7 @@ impl W4A16Linear {
         let xs = portable::group_sums(x, m, k, g_len);
         // Keep tasks to at least ~64 K weights so small layers are not drowned in scheduling.
         let min_lanes = (65536 / (16 * k)).max(1);
-        tiles.par_chunks_mut(m * 16).with_min_len(min_lanes).enumerate().for_each(|(lg, tile)| {
+        int4_team::for_each_chunk_mut(&mut tiles, m * 16, min_lanes, |lg, tile| {
             let (lb, sz, stride) = (w.lane_bytes(lg), w.lane_sz(lg), w.lanes[lg].stride);
             let mut r0 = 0;
             while r0 < m {
@@ -870,7 +870,7 @@ fn halves_panel(h: &[u8], w: &W4A16Weights, lg: usize, k0: usize, k1: usize, pan
 /// tiles. Tasks run at least ~64 K weights each, so a small layer is not drowned in scheduling.
 fn for_each_four_lane_groups(tiles: &mut [f32], m: usize, k: usize, task: impl Fn(usize, usize, &mut [f32]) + Sync) {
     let min_tasks = (65536 / (64 * k)).max(1);
-    tiles.par_chunks_mut(4 * m * 16).with_min_len(min_tasks).enumerate().for_each(|(t, chunk)| {
+    int4_team::for_each_chunk_mut(tiles, 4 * m * 16, min_tasks, |t, chunk| {
         let count = chunk.len() / (m * 16);
         task(4 * t, count, chunk)
     });

@@ -416,13 +416,19 @@ impl W8A16Linear {
         } else {
             (DECODE_TASK_WORK / (k * m)).next_multiple_of(DECODE_ROWS).max(DECODE_ROWS)
         };
-        let task = |(t, sums): (usize, &mut [f32])| self.task(lanes, prefill, x, m, t * task_rows, sums);
+        let task = |t: usize, sums: &mut [f32]| self.task(lanes, prefill, x, m, t * task_rows, sums);
         if m == 1 {
-            out.par_chunks_mut(task_rows).enumerate().for_each(task);
+            int4_team::for_each_chunk_mut(out, task_rows, 1, task);
         } else {
             // Each task's outputs are `[its rows][m]`, contiguous: written in place, then transposed.
             let mut by_row = vec![0.0f32; n * m];
-            by_row.par_chunks_mut(task_rows * m).enumerate().for_each(task);
+            // A prefill's tasks are long and many, so rayon's stealing balances them; the team takes
+            // decode's short loops in a couple of parts per thread.
+            if prefill {
+                by_row.par_chunks_mut(task_rows * m).enumerate().for_each(|(t, sums)| task(t, sums));
+            } else {
+                int4_team::for_each_chunk_mut(&mut by_row, task_rows * m, 1, task);
+            }
             for (col, sums) in by_row.chunks_exact(m).enumerate() {
                 for (r, &s) in sums.iter().enumerate() {
                     out[r * n + col] = s;

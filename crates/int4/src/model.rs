@@ -387,8 +387,14 @@ fn attention(
         let keys_t = (kt.as_slice(), runs[run_id].1.next_multiple_of(8));
         attend_block(ops, shape, qkv, (&cache.k[li], &cache.v[li], cache.heads()), keys_t, vw, kvh, i0, r, pos[i0])
     };
-    let outs: Vec<Vec<f32>> =
-        if parallel { tasks.par_iter().with_max_len(1).map(run).collect() } else { tasks.iter().map(run).collect() };
+    // A decode step's attention is one of its many short loops, on the thread team; a prompt's is one
+    // long loop between the prefill kernels' loops on rayon, and stays there with them.
+    let decode_only = runs.iter().all(|&(_, keys)| keys == 0);
+    let outs: Vec<Vec<f32>> = match (parallel, decode_only) {
+        (false, _) => tasks.iter().map(run).collect(),
+        (true, true) => int4_team::map_each(&tasks, run),
+        (true, false) => tasks.par_iter().with_max_len(1).map(run).collect(),
+    };
     let gw = group * hd;
     for (&(i0, r, kvh, _), out) in tasks.iter().zip(&outs) {
         for t in 0..r {

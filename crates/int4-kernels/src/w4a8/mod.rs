@@ -603,7 +603,7 @@ fn run_blocks(
     };
     if m == 1 {
         // One row's tiles, `[N/16][1][16]`, are `out` itself.
-        out.par_chunks_mut(16).with_min_len(min_blocks).enumerate().try_for_each(|(nb, tile)| run(nb, tile))
+        int4_team::try_for_each_chunk_mut(out, 16, min_blocks, run)
     } else {
         // Each task runs its blocks in a tile of its own, small enough to stay in cache, and stores each
         // into the block's sixteen columns of `out`.
