@@ -4,7 +4,7 @@
 //! per linear layer), each needing the one before it. On rayon a loop reaches the other threads through
 //! work stealing: an idle worker yields to the operating system (`sched_yield`, a system call per round)
 //! and after a few dozen rounds sleeps on a futex, so loops wait for a wake-up, and the thread that
-//! starts a loop ends up doing more than its share of it (docs/perf.md, "a decode step's hand-offs"). A
+//! starts a loop ends up doing more than its share of it (docs/perf.md, "A thread team for a decode step's short loops"). A
 //! team's members instead watch one atomic word, spinning, for a while after each loop, so the next loop
 //! reaches them in a cache-line transfer; and they take a loop's parts from a shared counter, so a member
 //! that comes late (descheduled, or parked after a long pause) only leaves the others more parts.
@@ -18,8 +18,9 @@
 //! The team is the current rayon pool's size (the thread that starts a loop, the *leader*, plus
 //! `threads − 1` members of the team's own), one per pool size, made on first use and kept for the
 //! process, as rayon keeps its pool. A loop runs on the team only when the team is free; a loop started
-//! while another holds it (another leader, or a loop started from inside a part) runs on rayon instead,
-//! so no caller waits for another.
+//! while another holds it (another leader, or the leader's own part) runs on rayon instead, so no caller
+//! waits for another, and one started in a part a member runs runs there, in order (a member is no
+//! rayon worker, so rayon would send it to the global pool).
 //!
 //! Which thread runs a part never changes a result: callers split output channels, never a reduction.
 
@@ -89,9 +90,9 @@ where
     }
 }
 
-/// `items.iter().map(f).collect()`, each item a part of its own, taken in order: the thread that is free
-/// first takes the next item, so items sorted longest first balance across the threads. On the team when
-/// it is free, else on rayon (an item a job).
+/// `items.iter().map(f).collect()`, each item a part of its own (up to 4096 parts; beyond, consecutive
+/// items share one), taken in order: the thread that is free first takes the next item, so items sorted
+/// longest first balance across the threads. On the team when it is free, else on rayon (an item a job).
 ///
 /// # Panics
 /// Where `f` panics.
@@ -138,7 +139,10 @@ where
 {
     let chunks = data.len().div_ceil(chunk_len);
     let parts = parts.min(chunks).min(MAX_PARTS);
-    if parts <= 1 {
+    // A member is no rayon worker: a loop started in a part it runs would go to the global pool, not the
+    // caller's, and wait there. It runs in order here instead (the leader's own nested loops go to rayon,
+    // on the caller's pool, below).
+    if parts <= 1 || IN_MEMBER.get() {
         return data.chunks_mut(chunk_len).enumerate().try_for_each(|(i, c)| f(i, c));
     }
     let Some(team) = Team::for_threads(rayon::current_num_threads()).and_then(Team::lead) else {
@@ -148,7 +152,7 @@ where
     let failed = AtomicBool::new(false);
     let error = Mutex::new(None);
     let run_part = |p: usize| {
-        for i in p * chunks / parts..(p + 1) * chunks / parts {
+        for i in split(p, chunks, parts)..split(p + 1, chunks, parts) {
             if failed.load(Ordering::Relaxed) {
                 return;
             }
@@ -173,6 +177,16 @@ where
     }
 }
 
+/// Where part `p` of `chunks` split in `parts` starts: `p · chunks / parts`, without overflow.
+fn split(p: usize, chunks: usize, parts: usize) -> usize {
+    (p as u128 * chunks as u128 / parts as u128) as usize
+}
+
+thread_local! {
+    /// Whether this thread is a team member (set once, as it starts).
+    static IN_MEMBER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// A pointer to the caller's slice that the parts share (each part derefs only its own chunks).
 struct SendPtr<T>(*mut T);
 
@@ -192,7 +206,7 @@ impl<T> SendPtr<T> {
 }
 
 // SAFETY: the pointer is only dereferenced through disjoint chunks, each by one thread at a time
-// (`try_for_each_chunk_mut`), and `T: Send` there, so sharing it moves at most a `&mut [T]` per chunk.
+// (`run_chunks`), and `T: Send` there, so sharing it moves at most a `&mut [T]` per chunk.
 unsafe impl<T: Send> Sync for SendPtr<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Send for SendPtr<T> {}
@@ -217,12 +231,30 @@ struct Job<'a> {
     panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
+/// A value alone on its cache line, so writes to its neighbours do not disturb the members polling it.
+#[repr(align(64))]
+struct OwnLine<T>(T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// One pool size's team.
 struct Team {
     /// Generation, parts and next part of the current loop ([`pack`]). A member takes part `next` by
     /// advancing `next` with a compare-and-swap on the whole word, so it can only take a part of the loop
     /// whose generation and size it read.
-    state: AtomicU64,
+    state: OwnLine<AtomicU64>,
+    /// When the last loop ended, in nanoseconds since `epoch`: members watch for [`SPIN_FOR`] from then.
+    last_end: AtomicU64,
+    /// Whether the current (or last) loop started more than [`SPIN_FOR`] after the one before: then
+    /// members park as soon as it ends. The leader decides it for the whole team, so a member that keeps
+    /// missing loops (woken too late for them) does not stay in the wrong mode.
+    far_apart: AtomicBool,
+    epoch: Instant,
     /// The current loop. Written by the leader before the `state` that announces it, and not changed
     /// again until every part of it has ended.
     job: AtomicPtr<Job<'static>>,
@@ -256,7 +288,10 @@ impl Team {
             Some(&team) => team,
             None => {
                 let team: &'static Team = Box::leak(Box::new(Team {
-                    state: AtomicU64::new(0),
+                    state: OwnLine(AtomicU64::new(0)),
+                    last_end: AtomicU64::new(0),
+                    far_apart: AtomicBool::new(true),
+                    epoch: Instant::now(),
                     job: AtomicPtr::new(std::ptr::null_mut()),
                     done: AtomicUsize::new(0),
                     busy: AtomicBool::new(false),
@@ -272,8 +307,9 @@ impl Team {
                         Ok(handle) => {
                             let _ = member.thread.set(handle.thread().clone());
                         }
-                        // The members started so far serve a team no leader will find: they park for good.
-                        Err(_) => return None,
+                        // A team with fewer members still runs every loop (the leader takes the parts no
+                        // member does) and is kept, so no later loop spawns threads again.
+                        Err(_) => break,
                     }
                 }
                 teams.push(team);
@@ -295,25 +331,19 @@ impl Team {
 
     /// A member's life: take parts of each loop as it is announced, and between loops watch for the
     /// next: spinning for [`SPIN_HOT`], then yielding its core on each look, and parking after
-    /// [`SPIN_FOR`] without a loop. A member whose last loop came after a longer pause than that parks
-    /// as soon as the loop ends: its loops are far apart (a prompt's attention, one per layer, between
-    /// long loops on rayon), and watching would only take a core from the threads with work.
+    /// [`SPIN_FOR`] without a loop. After a loop that started longer than that after the one before
+    /// (`far_apart`, the leader's call), members park as soon as it ends: the loops are far apart (the
+    /// team's between long loops on rayon), and watching would only take a core from the threads with
+    /// work.
     fn serve(&self, me: &Member) {
-        // When the last loop this member ran ended, and whether the pause before it was longer than
-        // `SPIN_FOR`.
-        let mut last_end = Instant::now();
-        let mut far_apart = true;
+        IN_MEMBER.set(true);
         loop {
-            let looked = Instant::now();
             if self.take_part() {
-                far_apart = looked.duration_since(last_end) > SPIN_FOR;
-                while self.take_part() {}
-                last_end = Instant::now();
                 continue;
             }
-            let idle = looked.duration_since(last_end);
-            if !far_apart && idle < SPIN_FOR {
-                if idle < SPIN_HOT {
+            let idle = self.now().saturating_sub(self.last_end.load(Ordering::Relaxed));
+            if !self.far_apart.load(Ordering::Relaxed) && idle < SPIN_FOR.as_nanos() as u64 {
+                if idle < SPIN_HOT.as_nanos() as u64 {
                     std::hint::spin_loop();
                 } else {
                     thread::yield_now();
@@ -330,6 +360,11 @@ impl Team {
             }
             me.parked.store(false, Ordering::SeqCst);
         }
+    }
+
+    /// Nanoseconds since the team was made.
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
     }
 
     /// Takes and runs one part of the current loop; false if there was none to take.
@@ -356,7 +391,14 @@ impl Team {
         // until every part has ended (`Leader::run`).
         let job = unsafe { &*self.job.load(Ordering::Acquire) };
         if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (job.run)(p))) {
-            job.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(payload);
+            let mut first = job.panic.lock().unwrap_or_else(|e| e.into_inner());
+            if first.is_none() {
+                *first = Some(payload);
+            } else {
+                // Dropping a payload runs its destructor, which may itself panic and unwind out of here
+                // with the part uncounted: the loop's only payload is the first; the others are leaked.
+                std::mem::forget(payload);
+            }
         }
         self.done.fetch_add(1, Ordering::Release);
     }
@@ -375,9 +417,15 @@ impl Leader {
         let team = self.team;
         let job = Job { run, panic: Mutex::new(None) };
         // SAFETY (of the lifetime erasure): members dereference `job` only after taking one of this loop's
-        // parts, and this function does not return (nor unwind: parts run under `catch_unwind`) until
-        // every part has ended, so `job` and what `run` borrows outlive every use.
+        // parts, and this function does not return until every part has ended, nor unwind before then
+        // (parts run under `catch_unwind` and `run_part` drops no payload; should anything else unwind,
+        // `stay` aborts the process rather than free what members still use), so `job` and what `run`
+        // borrows outlive every use.
         let erased = (&job as *const Job<'_>).cast::<Job<'static>>().cast_mut();
+        let start = team.now();
+        let gap = start.saturating_sub(team.last_end.load(Ordering::Relaxed));
+        team.far_apart.store(gap > SPIN_FOR.as_nanos() as u64, Ordering::Relaxed);
+        let stay = AbortOnUnwind;
         team.done.store(0, Ordering::Relaxed);
         team.job.store(erased, Ordering::Release);
         let generation = (team.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & 0xFFFF_FFFF;
@@ -400,11 +448,22 @@ impl Leader {
                 thread::yield_now();
             }
         }
+        std::mem::forget(stay);
+        team.last_end.store(team.now(), Ordering::Relaxed);
         let panic = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(self);
         if let Some(payload) = panic {
             resume_unwind(payload);
         }
+    }
+}
+
+/// Aborts the process if dropped: held by a leader while members may be running its loop's parts.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        std::process::abort();
     }
 }
 
@@ -461,46 +520,60 @@ mod tests {
         }
     }
 
+    /// Runs a loop whose parts each wait (up to a deadline) until parts run on two threads at once, so
+    /// the leader alone would time out; returns the names of the threads that ran parts. Call it inside
+    /// a pool of `threads`, a size no other test uses, so that team is free.
+    fn names_in_a_loop_needing_two_threads() -> HashSet<String> {
+        let names = Mutex::new(HashSet::new());
+        let running = AtomicUsize::new(0);
+        let mut data = vec![0u32; 14];
+        for_each_chunk_mut(&mut data, 1, 1, |i, c| {
+            names.lock().unwrap().insert(thread::current().name().unwrap_or("").to_string());
+            running.fetch_add(1, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while running.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            c[0] = i as u32;
+        });
+        assert_eq!(running.load(Ordering::SeqCst), 14);
+        assert_eq!(data, (0..14).collect::<Vec<_>>());
+        names.into_inner().unwrap()
+    }
+
+    /// That the team for `threads` is free and its members take parts.
+    fn assert_team_works(threads: usize) {
+        let team = Team::for_threads(threads).expect("a team");
+        assert!(!team.busy.load(Ordering::SeqCst), "the team for {threads} is still held");
+        let names = names_in_a_loop_needing_two_threads();
+        let member = format!("int4-team-{threads}-");
+        assert!(names.iter().any(|n| n.starts_with(&member)), "no part ran on a member of {threads}: {names:?}");
+    }
+
     #[test]
     fn the_team_takes_parts_on_threads_of_its_own() {
-        // A pool size no other test uses, so this team is free. Every part waits (up to a deadline) until
-        // parts are running on two threads at once: the leader alone would time out.
-        pool(7).install(|| {
-            let names = Mutex::new(HashSet::new());
-            let running = AtomicUsize::new(0);
-            let mut data = vec![0u32; 14];
-            for_each_chunk_mut(&mut data, 1, 1, |i, c| {
-                names.lock().unwrap().insert(thread::current().name().unwrap_or("").to_string());
-                running.fetch_add(1, Ordering::SeqCst);
-                let deadline = Instant::now() + Duration::from_secs(20);
-                while running.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
-                    std::hint::spin_loop();
-                }
-                c[0] = i as u32;
-            });
-            assert!(running.load(Ordering::SeqCst) == 14);
-            assert_eq!(data, (0..14).collect::<Vec<_>>());
-            let names = names.into_inner().unwrap();
-            assert!(names.iter().any(|n| n.starts_with("int4-team-7-")), "no part ran on a member: {names:?}");
-        });
+        pool(7).install(|| assert_team_works(7));
     }
 
     #[test]
     fn members_that_parked_come_back() {
-        pool(3).install(|| {
-            for round in 0..4 {
-                // Longer than a member spins, so each loop finds the members parked.
-                thread::sleep(SPIN_FOR * 3);
-                let mut data = vec![0usize; 64];
-                for_each_chunk_mut(&mut data, 4, 1, |i, c| c.fill(i + round));
-                assert_eq!(data, (0..64).map(|j| j / 4 + round).collect::<Vec<_>>());
+        pool(4).install(|| {
+            let team = Team::for_threads(4).expect("a team");
+            for _ in 0..3 {
+                // Idle members park (within a deadline: the machine may be busy), and come back for a loop.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !team.members.iter().all(|m| m.parked.load(Ordering::SeqCst)) {
+                    assert!(Instant::now() < deadline, "idle members did not park");
+                    thread::sleep(Duration::from_millis(1));
+                }
+                assert_team_works(4);
             }
         });
     }
 
     #[test]
     fn an_error_is_returned_and_stops_the_chunks_not_started() {
-        pool(3).install(|| {
+        pool(5).install(|| {
             let ran = AtomicUsize::new(0);
             let mut data = vec![0u8; 4096];
             let r = try_for_each_chunk_mut(&mut data, 1, 1, |i, _| {
@@ -510,16 +583,13 @@ mod tests {
             let e = r.expect_err("chunks failed");
             assert_eq!(e % 500, 7, "the error is one that a chunk returned");
             assert!(ran.load(Ordering::Relaxed) < 4096, "chunks after the errors were skipped");
-            // The team is free again.
-            let mut data = vec![0usize; 100];
-            for_each_chunk_mut(&mut data, 1, 1, |i, c| c[0] = i);
-            assert_eq!(data, (0..100).collect::<Vec<_>>());
+            assert_team_works(5);
         });
     }
 
     #[test]
     fn a_panic_is_resumed_on_the_caller_and_the_team_stays_usable() {
-        pool(3).install(|| {
+        pool(6).install(|| {
             for _ in 0..3 {
                 let caught = catch_unwind(AssertUnwindSafe(|| {
                     let mut data = vec![0u8; 64];
@@ -532,24 +602,73 @@ mod tests {
                 let payload = caught.expect_err("the panic reached the caller");
                 assert_eq!(payload.downcast_ref::<&str>(), Some(&"part 40 failed"));
             }
-            let mut data = vec![0usize; 64];
-            for_each_chunk_mut(&mut data, 1, 1, |i, c| c[0] = 2 * i);
-            assert_eq!(data, (0..64).map(|i| 2 * i).collect::<Vec<_>>());
+            assert_team_works(6);
+        });
+    }
+
+    /// A panic payload whose destructor panics.
+    struct Bomb;
+
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("a payload's destructor");
+        }
+    }
+
+    #[test]
+    fn many_panics_with_payloads_that_panic_when_dropped_wait_for_every_part() {
+        pool(8).install(|| {
+            let slow_done = AtomicBool::new(false);
+            let caught = catch_unwind(AssertUnwindSafe(|| {
+                let mut data = vec![0u8; 16];
+                for_each_chunk_mut(&mut data, 1, 1, |i, c| {
+                    if i == 15 {
+                        thread::sleep(Duration::from_millis(200));
+                        c[0] = 1;
+                        slow_done.store(true, Ordering::SeqCst);
+                    } else {
+                        std::panic::panic_any(Bomb);
+                    }
+                });
+            }));
+            assert!(slow_done.load(Ordering::SeqCst), "the loop ended before its slow part");
+            let payload = caught.expect_err("the panic reached the caller");
+            assert!(payload.is::<Bomb>());
+            std::mem::forget(payload);
+            assert_team_works(8);
         });
     }
 
     #[test]
-    fn loops_inside_parts_and_beside_each_other_run_on_rayon() {
-        pool(3).install(|| {
-            let mut outer = vec![Vec::new(); 12];
+    fn loops_inside_parts_and_beside_each_other_complete() {
+        pool(9).install(|| {
+            // Outer parts wait for a second thread, so some run on a member; a loop inside those runs
+            // there, in order; one inside the leader's parts goes to rayon.
+            let running = AtomicUsize::new(0);
+            let mut outer = vec![(Vec::new(), String::new(), HashSet::new()); 12];
             for_each_chunk_mut(&mut outer, 1, 1, |i, c| {
+                running.fetch_add(1, Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while running.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                    std::hint::spin_loop();
+                }
+                let names = Mutex::new(HashSet::new());
                 let mut inner = vec![0usize; 50];
-                for_each_chunk_mut(&mut inner, 5, 1, |j, d| d.fill(i * 100 + j));
-                c[0] = inner;
+                for_each_chunk_mut(&mut inner, 5, 1, |j, d| {
+                    names.lock().unwrap().insert(thread::current().name().unwrap_or("").to_string());
+                    d.fill(i * 100 + j)
+                });
+                c[0] = (inner, thread::current().name().unwrap_or("").to_string(), names.into_inner().unwrap());
             });
-            for (i, inner) in outer.iter().enumerate() {
+            let mut on_members = 0;
+            for (i, (inner, outer_name, inner_names)) in outer.iter().enumerate() {
                 assert_eq!(*inner, (0..50).map(|j| i * 100 + j / 5).collect::<Vec<_>>());
+                if outer_name.starts_with("int4-team-9-") {
+                    on_members += 1;
+                    assert_eq!(inner_names, &HashSet::from([outer_name.clone()]), "a member's nested loop stays on it");
+                }
             }
+            assert!(on_members > 0, "no outer part ran on a member");
             // Two leaders at once: one gets the team, the other rayon; both complete.
             let (a, b) = rayon::join(
                 || map_each(&(0..200).collect::<Vec<u64>>(), |&x| x * x),
