@@ -26,14 +26,54 @@ pub(crate) struct Block<'a> {
     /// `[m][groups]`: what the epilogue needs of each row and group.
     pub terms: &'a [RowGroupTerms],
     pub groups: usize,
-    /// Per group: padded K range.
-    pub spans: &'a [Range<usize>],
+    /// Per group: padded K range, checked against `kp` when built.
+    pub spans: GroupSpans<'a>,
     /// This block's scales, `[G][16]`, f32 or f16.
     pub w_scales: Params<'a>,
     /// This block's zero points, `[G][16]`; `None`: all 8.
     pub zeros: Option<&'a [u8]>,
     /// This block's float offsets, `[G][16]`, f32 or f16; `None`: all 0.
     pub offsets: Option<Params<'a>>,
+}
+
+/// A weight's groups as ranges of padded K, each starting and ending on a 32-input boundary within `kp`.
+///
+/// The SIMD kernels step through a group 32 inputs (four 8-input chunks) at a time and read codes and
+/// activations up to its end, so every block relies on this. A product's blocks share one set of spans:
+/// checking them once where the product builds them keeps an O(groups) scan out of each block's path
+/// (a decode step runs a few thousand blocks). Derefs to the ranges.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupSpans<'a> {
+    spans: &'a [Range<usize>],
+    kp: usize,
+}
+
+impl<'a> GroupSpans<'a> {
+    /// Checks `spans` against the padded K `kp`.
+    ///
+    /// # Panics
+    /// If a span starts or ends off a multiple of 32, or ends past `kp`: weights' spans hold neither
+    /// (their geometry pads K to the tile block), so this is a bug in the caller.
+    pub fn new(spans: &'a [Range<usize>], kp: usize) -> Self {
+        assert!(
+            spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.start <= s.end && s.end <= kp),
+            "group spans on 32-input boundaries within the padded K {kp}"
+        );
+        GroupSpans { spans, kp }
+    }
+
+    /// The padded K the spans were checked against.
+    pub fn kp(&self) -> usize {
+        self.kp
+    }
+}
+
+impl std::ops::Deref for GroupSpans<'_> {
+    type Target = [Range<usize>];
+
+    fn deref(&self) -> &[Range<usize>] {
+        self.spans
+    }
 }
 
 /// One activation row's scalars for one weight group, as the epilogue uses them, computed once per call.

@@ -66,7 +66,7 @@ use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::tile::{TileConfig, TileError, TileUnit};
-use block::{Block, GroupSums, RowGroupTerms};
+use block::{Block, GroupSpans, GroupSums, RowGroupTerms};
 use params::Params;
 pub use params::{ParamTable, ParamType, TableBytes};
 use round::quantize_one;
@@ -552,7 +552,7 @@ impl<'a> Operand<'a> {
         x: &'b [i8],
         m: usize,
         terms: &'b [RowGroupTerms],
-        spans: &'b [Range<usize>],
+        spans: GroupSpans<'b>,
     ) -> Block<'b>
     where
         'a: 'b,
@@ -584,6 +584,7 @@ fn run_blocks(
         return Ok(());
     }
     let spans: Vec<Range<usize>> = (0..w.groups).map(|g| w.group_span(g)).collect();
+    let spans = GroupSpans::new(&spans, w.k_padded);
     let terms = RowGroupTerms::table(&a.scales, &a.sums);
     // Keep tasks to at least ~64 K weight bytes × rows so small layers are not drowned in scheduling.
     let min_blocks = (65536 / (w.k_padded * 8 * m).max(1)).max(1);
@@ -599,7 +600,7 @@ fn run_blocks(
     };
     let run = |nb: usize, tile: &mut [f32]| {
         start(nb, tile);
-        per_block(&op.block(nb, &a.data, m, &terms, &spans), tile)
+        per_block(&op.block(nb, &a.data, m, &terms, spans), tile)
     };
     if m == 1 {
         // One row's tiles, `[N/16][1][16]`, are `out` itself.

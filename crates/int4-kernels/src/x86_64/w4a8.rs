@@ -16,7 +16,7 @@
 //! **Safety model.** The public functions are safe: they take a capability token (proof the CPU has the
 //! features) and a [`Block`], whose slices the driver built with checked lengths: `w` (and `low`, for a
 //! pair) holds `kp/8 × 64` bytes, `x` holds `m × kp`, every span lies within `0..kp` on multiples of 32 (the smallest
-//! tile K block), the block's scale, zero and offset tables hold 16 values per group (`[G][16]`), and the
+//! tile K block; [`crate::w4a8::block::GroupSpans`] checks that once per product), the block's scale, zero and offset tables hold 16 values per group (`[G][16]`), and the
 //! activation-scale and sum tables cover every row and group, and a pair has no zero-point or offset
 //! tables (checked once per block). The `unsafe`
 //! inner functions read only inside those.
@@ -87,7 +87,7 @@ pub(crate) fn block_avx2(tok: Avx2Fma, b: &Block, out: &mut [f32]) {
 /// `f16c` may be true only where the live CPU has F16C.
 unsafe fn block_avx2_widening(_tok: Avx2Fma, b: &Block, out: &mut [f32], f16c: bool) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
-    assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
+    assert_eq!(b.spans.kp(), b.kp, "a block's spans were checked against its own padded K");
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     assert!(b.low.is_none_or(|l| l.len() >= b.w.len()), "an 8-bit pair's planes are the same size");
     let mut r0 = 0;
@@ -268,7 +268,7 @@ rows_avx2_fn!(rows_avx2_f16c, "avx2,fma,f16c", params8_f16c);
 /// The AVX-512 VNNI kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
 pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
     assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
-    assert!(b.spans.iter().all(|s| s.start % 32 == 0 && s.end % 32 == 0 && s.end <= b.kp));
+    assert_eq!(b.spans.kp(), b.kp, "a block's spans were checked against its own padded K");
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     assert!(b.low.is_none_or(|l| l.len() >= b.w.len()), "an 8-bit pair's planes are the same size");
     let mut r0 = 0;
@@ -780,7 +780,7 @@ unsafe fn quantize_avx2_impl(src: &[f32], s: f32, dst: &mut [i8]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::w4a8::block::RowGroupTerms;
+    use crate::w4a8::block::{GroupSpans, RowGroupTerms};
     use crate::w4a8::params::ParamTable;
 
     /// AVX-512 quantizes activations to the bits of the portable rule: NaN, infinities, signed zeros,
@@ -884,7 +884,7 @@ mod tests {
                 m,
                 terms: &terms,
                 groups,
-                spans: &spans,
+                spans: GroupSpans::new(&spans, kp),
                 w_scales: scales.view(),
                 zeros: None,
                 offsets: Some(offsets.view()),
