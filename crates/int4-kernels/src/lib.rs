@@ -46,6 +46,7 @@ pub mod error;
 mod gemm;
 pub mod isa;
 pub mod kernel_id;
+pub mod lines;
 pub mod os;
 pub mod portable;
 pub mod reference;

@@ -6,6 +6,7 @@
 //! the head's packed layout, so no second copy of the table exists.
 
 use int4_kernels::KernelId;
+use int4_kernels::lines::LineAlignedF32;
 use int4_kernels::vector::VectorOps;
 use int4_select::KvType;
 use rayon::prelude::*;
@@ -1218,16 +1219,18 @@ impl Model {
         let (h, hd, nh, nkv) = (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
         let qkv_n = (nh + 2 * nkv) * hd;
         let inter = cfg.intermediate_size;
-        let mut x = vec![0.0f32; m * h];
+        // The products' inputs and outputs start on a cache line (`LineAlignedF32`'s docs say why).
+        let buffer = LineAlignedF32::zeroed;
+        let mut x = buffer(m * h);
         for (i, &t) in tokens.iter().enumerate() {
             self.embed_row(t, &mut x[i * h..(i + 1) * h])?;
         }
-        let mut normed = vec![0.0f32; m * h];
-        let mut qkv = vec![0.0f32; m * qkv_n];
-        let mut attn = vec![0.0f32; m * nh * hd];
-        let mut proj = vec![0.0f32; m * h];
-        let mut gu = vec![0.0f32; m * 2 * inter];
-        let mut act = vec![0.0f32; m * inter];
+        let mut normed = buffer(m * h);
+        let mut qkv = buffer(m * qkv_n);
+        let mut attn = buffer(m * nh * hd);
+        let mut proj = buffer(m * h);
+        let mut gu = buffer(m * 2 * inter);
+        let mut act = buffer(m * inter);
         let ops = VectorOps::new();
         let shape = AttnShape { hd, nh, nkv, qkv_n, scale: 1.0 / (hd as f32).sqrt() };
         // cos/sin of every row's position, once for all heads and layers.
@@ -1328,7 +1331,7 @@ impl Model {
             c.len = end;
         }
         let rows = out_rows;
-        let mut hn = vec![0.0f32; rows.len() * h];
+        let mut hn = buffer(rows.len() * h);
         for (j, &i) in rows.iter().enumerate() {
             rms_norm(&x[i * h..(i + 1) * h], &self.norm, cfg.rms_norm_eps, &mut hn[j * h..(j + 1) * h]);
         }
