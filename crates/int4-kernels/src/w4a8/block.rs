@@ -36,6 +36,76 @@ pub(crate) struct Block<'a> {
     pub offsets: Option<Params<'a>>,
 }
 
+/// Where a block's kernel writes its `[m][16]` outputs: row `r`'s sixteen values at `r·ld` past the
+/// start, inside a row-major output (the block's sixteen columns of `out[m][n]`, `ld = n`) or a tile of
+/// their own (`ld = 16`, one decode row's `[N/16][16]`). A kernel sets every output to the block's bias
+/// (zeros without one) plus its sums: it [`BlockOut::start`]s its rows before adding into them, or (the
+/// AMX tiling's sixteen-row pass, whose outputs live in registers) begins from [`BlockOut::bias`].
+///
+/// Writing `out` in place, not a tile copied into it afterwards, keeps a prompt's output stores among
+/// the arithmetic that produces them, where they drain while the next pass computes.
+pub(crate) struct BlockOut<'a> {
+    start: *mut f32,
+    ld: usize,
+    rows: usize,
+    bias: Option<&'a [f32; 16]>,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> BlockOut<'a> {
+    /// `tile` as `[tile.len() / 16][16]`.
+    pub fn tile(tile: &'a mut [f32], bias: Option<&'a [f32; 16]>) -> Self {
+        assert!(tile.len().is_multiple_of(16), "a block tile of whole 16-value rows");
+        BlockOut { start: tile.as_mut_ptr(), ld: 16, rows: tile.len() / 16, bias, _out: std::marker::PhantomData }
+    }
+
+    /// `rows` rows of sixteen values `ld` apart from `start`.
+    ///
+    /// # Safety
+    /// For every `r < rows`, `start + r·ld .. start + r·ld + 16` must be valid for reads and writes for
+    /// `'a`, and nothing else may read or write those values while the result lives.
+    pub unsafe fn strided(start: *mut f32, ld: usize, rows: usize, bias: Option<&'a [f32; 16]>) -> Self {
+        BlockOut { start, ld, rows, bias, _out: std::marker::PhantomData }
+    }
+
+    /// How many rows the output holds.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The block's bias; `None`: zeros.
+    pub fn bias(&self) -> Option<&'a [f32; 16]> {
+        self.bias
+    }
+
+    /// Row `r`'s sixteen values.
+    ///
+    /// # Panics
+    /// If `r` is not one of the rows.
+    pub fn row(&mut self, r: usize) -> &mut [f32] {
+        assert!(r < self.rows, "row {r} of a block output of {} rows", self.rows);
+        // SAFETY: r < rows, so the sixteen values are valid and ours alone (the constructors' contract);
+        // the exclusive borrow of self keeps this the only reference made through it.
+        unsafe { std::slice::from_raw_parts_mut(self.start.add(r * self.ld), 16) }
+    }
+
+    /// Where row `r`'s sixteen values start; valid to read and write while `r < self.rows()` (the
+    /// pointer is computed without a check; the SIMD kernels check their rows once per block).
+    pub fn row_ptr(&mut self, r: usize) -> *mut f32 {
+        self.start.wrapping_add(r * self.ld)
+    }
+
+    /// Sets rows `rows` to the bias (zeros without one), for a kernel that adds its sums into memory.
+    pub fn start(&mut self, rows: Range<usize>) {
+        for r in rows {
+            match self.bias {
+                Some(b) => self.row(r).copy_from_slice(b),
+                None => self.row(r).fill(0.0),
+            }
+        }
+    }
+}
+
 /// A weight's groups as ranges of padded K, each starting and ending on a 32-input boundary within `kp`.
 ///
 /// The SIMD kernels step through a group 32 inputs (four 8-input chunks) at a time and read codes and

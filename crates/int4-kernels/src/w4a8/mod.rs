@@ -66,7 +66,7 @@ use crate::error::{KernelError, KernelErrorKind, check_len};
 use crate::isa::{AmxInt8, Avx2Fma, Avx512Vnni, IsaCaps, IsaLevel};
 use crate::kernel_id::KernelId;
 use crate::tile::{TileConfig, TileError, TileUnit};
-use block::{Block, GroupSpans, GroupSums, RowGroupTerms};
+use block::{Block, BlockOut, GroupSpans, GroupSums, RowGroupTerms};
 use params::Params;
 pub use params::{ParamTable, ParamType, TableBytes};
 use round::quantize_one;
@@ -418,8 +418,10 @@ impl W4A8Weights {
     }
 }
 
-/// The portable kernel for one block: `out` is `[m][16]`, holding the bias (or zeros) on entry.
-fn block_portable(b: &Block, out: &mut [f32]) {
+/// The portable kernel for one block.
+fn block_portable(b: &Block, out: &mut BlockOut) {
+    assert!(out.rows() >= b.m, "a block output of {} rows for {} activation rows", out.rows(), b.m);
+    out.start(0..b.m);
     for r in 0..b.m {
         let x = &b.x[r * b.kp..(r + 1) * b.kp];
         for (g, span) in b.spans.iter().enumerate() {
@@ -446,7 +448,7 @@ fn block_portable(b: &Block, out: &mut [f32]) {
                     }
                 }
             }
-            b.finish(r, g, &acc, &mut out[r * 16..(r + 1) * 16]);
+            b.finish(r, g, &acc, out.row(r));
         }
     }
 }
@@ -525,7 +527,7 @@ fn check_operands(
 }
 
 /// One block's kernel: fills `tile` (`[m][16]`) for a [`Block`].
-type BlockKernel<'a> = dyn Fn(&Block, &mut [f32]) -> Result<(), TileError> + Sync + 'a;
+type BlockKernel<'a> = dyn Fn(&Block, &mut BlockOut) -> Result<(), TileError> + Sync + 'a;
 
 /// The weights one product runs against: a 4-bit layer, or both planes of an 8-bit one at once (each
 /// weight's code `16·hi + lo`, [`Block::low`]; the planes as [`int8::Int8Weights`] checked them).
@@ -546,14 +548,7 @@ impl<'a> Operand<'a> {
     }
 
     /// Block `nb` of the weights, for activations `x` (`[m][kp]`) and their row terms.
-    fn block<'b>(
-        self,
-        nb: usize,
-        x: &'b [i8],
-        m: usize,
-        terms: &'b [RowGroupTerms],
-        spans: GroupSpans<'b>,
-    ) -> Block<'b>
+    fn block<'b>(self, nb: usize, x: &'b [i8], m: usize, terms: &'b [RowGroupTerms], spans: GroupSpans<'b>) -> Block<'b>
     where
         'a: 'b,
     {
@@ -568,8 +563,8 @@ impl<'a> Operand<'a> {
     }
 }
 
-/// Runs `per_block(block, tile)` over every 16-channel block in parallel (threads split N, never K) and
-/// stores `out[m][n]`. `tile` is `[m][16]` and holds the bias (or zeros) on entry.
+/// Runs `per_block(block, block_out)` over every 16-channel block in parallel (threads split N, never K),
+/// each writing its sixteen columns of `out[m][n]` in place ([`BlockOut`]).
 fn run_blocks(
     a: &QuantizedActivations,
     op: Operand<'_>,
@@ -588,43 +583,25 @@ fn run_blocks(
     let terms = RowGroupTerms::table(&a.scales, &a.sums);
     // Keep tasks to at least ~64 K weight bytes × rows so small layers are not drowned in scheduling.
     let min_blocks = (65536 / (w.k_padded * 8 * m).max(1)).max(1);
-    // The tile starts at the bias, or at zeros.
-    let start = |nb: usize, tile: &mut [f32]| match bias {
-        Some(b) => {
-            let b16 = &b[nb * 16..nb * 16 + 16];
-            for row in tile.chunks_exact_mut(16) {
-                row.copy_from_slice(b16);
-            }
-        }
-        None => tile.fill(0.0),
-    };
-    let run = |nb: usize, tile: &mut [f32]| {
-        start(nb, tile);
-        per_block(&op.block(nb, &a.data, m, &terms, spans), tile)
-    };
+    // check_operands: a bias holds n values.
+    let bias16 = |nb: usize| bias.map(|b| <&[f32; 16]>::try_from(&b[nb * 16..nb * 16 + 16]).expect("16 values"));
+    let run = |nb: usize, mut block_out: BlockOut| per_block(&op.block(nb, &a.data, m, &terms, spans), &mut block_out);
     if m == 1 {
-        // One row's tiles, `[N/16][1][16]`, are `out` itself.
-        int4_team::try_for_each_chunk_mut(out, 16, min_blocks, run)
+        // One row's outputs, `[N/16][16]`, are each block's tile.
+        int4_team::try_for_each_chunk_mut(out, 16, min_blocks, |nb, tile| run(nb, BlockOut::tile(tile, bias16(nb))))
     } else {
-        // Each task runs its blocks in a tile of its own, small enough to stay in cache, and stores each
-        // into the block's sixteen columns of `out`.
         let columns = BlockColumns::new(out, m, w.n);
-        (0..w.n / 16).into_par_iter().with_min_len(min_blocks).try_for_each_init(
-            || vec![0.0f32; m * 16],
-            |tile, nb| {
-                run(nb, tile)?;
-                // SAFETY: the parallel loop hands each block index `nb` to exactly one task.
-                unsafe { columns.store(nb, tile) };
-                Ok(())
-            },
-        )
+        (0..w.n / 16).into_par_iter().with_min_len(min_blocks).try_for_each(|nb| {
+            // SAFETY: the parallel loop hands each block index `nb` to exactly one task.
+            run(nb, unsafe { columns.block(nb, bias16(nb)) })
+        })
     }
     .map_err(KernelError::from)
 }
 
-/// `out[m][n]` as the tasks of one product write it: each stores the `[m][16]` tiles of its blocks into
-/// those blocks' sixteen columns of every row, so no two tasks write the same value, and nothing reads
-/// `out` while they run (the borrow is held for the product).
+/// `out[m][n]` as the tasks of one product write it: each writes its blocks' sixteen columns of every
+/// row, so no two tasks touch the same value, and nothing else reads `out` while they run (the borrow
+/// is held for the product).
 struct BlockColumns<'a> {
     out: *mut f32,
     m: usize,
@@ -632,7 +609,7 @@ struct BlockColumns<'a> {
     _out: std::marker::PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: shared references reach `out` only through `store`, whose callers write disjoint columns (its
+// SAFETY: shared references reach `out` only through `block`, whose callers take disjoint columns (its
 // contract), so tasks on other threads never touch the same value; the exclusive borrow of `out` outlives
 // them.
 unsafe impl Sync for BlockColumns<'_> {}
@@ -643,17 +620,16 @@ impl<'a> BlockColumns<'a> {
         BlockColumns { out: out.as_mut_ptr(), m, n, _out: std::marker::PhantomData }
     }
 
-    /// Stores block `nb`'s tile (`[m][16]`) into columns `nb·16 .. nb·16 + 16` of every row.
+    /// Block `nb`'s output: columns `nb·16 .. nb·16 + 16` of every row.
     ///
     /// # Safety
-    /// No other call with the same `nb` may run at the same time: each block's columns have one writer.
-    unsafe fn store(&self, nb: usize, tile: &[f32]) {
-        assert!(tile.len() == self.m * 16 && (nb + 1) * 16 <= self.n, "a block tile outside the output");
-        for (r, row) in tile.chunks_exact(16).enumerate() {
-            // SAFETY: r < m and nb·16 + 16 ≤ n (asserted), so the 16 values lie within `out` (`m·n`, checked
-            // in `new`) and within row r; no other task writes them (the caller's contract).
-            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), self.out.add(r * self.n + nb * 16), 16) };
-        }
+    /// While the result lives, no other result for the same `nb` may: each block's columns have one writer.
+    unsafe fn block(&self, nb: usize, bias: Option<&'a [f32; 16]>) -> BlockOut<'a> {
+        assert!((nb + 1) * 16 <= self.n, "block {nb} outside an output of {} columns", self.n);
+        // SAFETY: nb·16 + 16 ≤ n (asserted) and out holds m·n values (checked in `new`), so row r < m's
+        // sixteen values at nb·16 + r·n lie within it, borrowed for 'a; no other task reaches them (the
+        // caller's contract, and no block's columns overlap another's).
+        unsafe { BlockOut::strided(self.out.add(nb * 16), self.n, self.m, bias) }
     }
 }
 
@@ -777,13 +753,14 @@ impl TileEpilogue {
         b: &Block,
         rows: Range<usize>,
         centered: bool,
-        out: &mut [f32],
+        out: &mut BlockOut,
         steps: &mut S,
     ) -> Result<(), TileError> {
         #[cfg(target_arch = "x86_64")]
         if let (TileEpilogue::Avx512(tok), 16) = (self, rows.len()) {
             return crate::x86_64::w4a8::finish_pass_avx512(tok, b, rows.start, centered, out, steps);
         }
+        out.start(rows.clone());
         let mut sums = [0i32; 256];
         match self {
             #[cfg(target_arch = "x86_64")]
@@ -799,7 +776,7 @@ impl TileEpilogue {
                     steps.group(g, &mut sums)?;
                     for (row, acc) in rows.clone().zip(sums.chunks_exact(16)) {
                         let acc: &[i32; 16] = acc.try_into().expect("16 lanes");
-                        let out = &mut out[row * 16..(row + 1) * 16];
+                        let out = out.row(row);
                         if centered { b.finish_centered(row, g, acc, out) } else { b.finish(row, g, acc, out) }
                     }
                 }
@@ -916,7 +893,7 @@ fn block_tiles<T: TileUnit>(
     kb: usize,
     panels: &[u8],
     epilogue: TileEpilogue,
-    out: &mut [f32],
+    out: &mut BlockOut,
 ) -> Result<(), TileError> {
     let mut expanded = EXPANDED.take();
     expand_codes(b, &mut expanded);
@@ -932,7 +909,7 @@ fn block_tiles_expanded<T: TileUnit>(
     panels: &[u8],
     epilogue: TileEpilogue,
     expanded: &[u8],
-    out: &mut [f32],
+    out: &mut BlockOut,
 ) -> Result<(), TileError> {
     // Codes stored less an implicit zero are signed (`expand_codes`).
     let centered = b.implicit_zero();

@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use crate::isa::{Avx2Fma, Avx512, Avx512Vnni};
 use crate::tile::TileError;
-use crate::w4a8::block::{Block, GroupSums};
+use crate::w4a8::block::{Block, BlockOut, GroupSums};
 use crate::w4a8::params::Params;
 use crate::w4a8::round::{ROUND_MAGIC, quantize_one};
 
@@ -73,8 +73,8 @@ unsafe fn quad(p: *const i8) -> i32 {
     unsafe { p.cast::<i32>().read_unaligned() }
 }
 
-/// The AVX2 kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
-pub(crate) fn block_avx2(tok: Avx2Fma, b: &Block, out: &mut [f32]) {
+/// The AVX2 kernel for one block.
+pub(crate) fn block_avx2(tok: Avx2Fma, b: &Block, out: &mut BlockOut) {
     // F16C widens an f16 table eight values at a time; every AVX2 CPU known has it, but the kernel does
     // not assume it: without it, f16 values are widened one by one (the same f32 values).
     // SAFETY: `f16c` is exactly the live CPU's answer.
@@ -85,14 +85,16 @@ pub(crate) fn block_avx2(tok: Avx2Fma, b: &Block, out: &mut [f32]) {
 ///
 /// # Safety
 /// `f16c` may be true only where the live CPU has F16C.
-unsafe fn block_avx2_widening(_tok: Avx2Fma, b: &Block, out: &mut [f32], f16c: bool) {
-    assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
+unsafe fn block_avx2_widening(_tok: Avx2Fma, b: &Block, out: &mut BlockOut, f16c: bool) {
+    assert!(out.rows() >= b.m && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
     assert_eq!(b.spans.kp(), b.kp, "a block's spans were checked against its own padded K");
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     assert!(b.low.is_none_or(|l| l.len() >= b.w.len()), "an 8-bit pair's planes are the same size");
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(4);
+        // A pass's rows are started just before it, so their first stores drain while it computes.
+        out.start(r0..r0 + rows);
         // SAFETY: the token proves AVX2 + FMA, and `f16c` is true only where the live CPU has F16C (this
         // function's contract); the block's
         // invariants (module docs) and the assert above keep every access in bounds for rows r0..r0+rows.
@@ -150,9 +152,9 @@ macro_rules! rows_avx2_fn {
     ($name:ident, $features:literal, $params:ident) => {
         /// # Safety
         /// The CPU must support the enabled features; `b` must satisfy the block invariants (module docs),
-        /// `r0 + R ≤ m`, and `out` must hold `m × 16` values; with `b.low`, it must be as long as `b.w`.
+        /// `r0 + R ≤ m`, and `out` must hold `m` rows; with `b.low`, it must be as long as `b.w`.
         #[target_feature(enable = $features)]
-        unsafe fn $name<const R: usize>(b: &Block, r0: usize, out: &mut [f32]) {
+        unsafe fn $name<const R: usize>(b: &Block, r0: usize, out: &mut BlockOut) {
             let mask = _mm256_set1_epi8(0x0F);
             let ones = _mm256_set1_epi16(1);
             // An 8-bit pair's planes run one after the other, `acc = 16·Σ xq·hi + Σ xq·lo` (exact in i32):
@@ -245,8 +247,8 @@ macro_rules! rows_avx2_fn {
                             None => _mm256_set1_epi32(t.sum_times_8),
                         };
                         let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, zsum));
-                        // SAFETY: row < m, so out[row·16 + 8h .. +8] is within out.
-                        let o = unsafe { out.as_mut_ptr().add(row * 16 + 8 * h) };
+                        // SAFETY: row < m ≤ out's rows, so its values 8h .. 8h + 8 are valid (h < 2).
+                        let o = out.row_ptr(row).wrapping_add(8 * h);
                         // SAFETY: as above.
                         let prev = unsafe { _mm256_loadu_ps(o) };
                         let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws[h]), prev);
@@ -265,15 +267,17 @@ macro_rules! rows_avx2_fn {
 rows_avx2_fn!(rows_avx2, "avx2,fma", params8);
 rows_avx2_fn!(rows_avx2_f16c, "avx2,fma,f16c", params8_f16c);
 
-/// The AVX-512 VNNI kernel for one block; `out` is `[m][16]`, holding the bias (or zeros) on entry.
-pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
-    assert!(out.len() >= b.m * 16 && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
+/// The AVX-512 VNNI kernel for one block.
+pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut BlockOut) {
+    assert!(out.rows() >= b.m && b.x.len() >= b.m * b.kp && b.w.len() >= b.kp / 8 * 64);
     assert_eq!(b.spans.kp(), b.kp, "a block's spans were checked against its own padded K");
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     assert!(b.low.is_none_or(|l| l.len() >= b.w.len()), "an 8-bit pair's planes are the same size");
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(8);
+        // A pass's rows are started just before it, so their first stores drain while it computes.
+        out.start(r0..r0 + rows);
         // SAFETY: the token proves AVX-512 F/BW/VL + VNNI; the block's invariants (module docs) and the
         // asserts above keep every access in bounds for rows r0..r0+rows.
         unsafe {
@@ -314,12 +318,12 @@ pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut [f32]) {
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL and VNNI; `b` must satisfy the block invariants (module docs),
 /// `r0 + R ≤ m`, `U` must divide 4 (spans are whole multiples of 4 chunks), `S` must be 1 or 2, and `out`
-/// must hold `m × 16` values; with `PAIR`, `b.low` must be as long as `b.w`.
+/// must hold `m` rows; with `PAIR`, `b.low` must be as long as `b.w`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: bool>(
     b: &Block,
     r0: usize,
-    out: &mut [f32],
+    out: &mut BlockOut,
 ) {
     let mask = _mm512_set1_epi8(0x0F);
     let high_nibbles = _mm512_set1_epi8(0xF0u8 as i8);
@@ -376,7 +380,7 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
         // SAFETY: this function runs with AVX-512F; g is one of the block's groups, whose tables cover it.
         let params = unsafe { GroupParams16::load(b, g) };
         for (r, &acc) in acc.iter().enumerate() {
-            // SAFETY: as above; r0 + r < m, and out holds m × 16 values (this function's contract).
+            // SAFETY: as above; r0 + r < m, and out holds m rows (this function's contract).
             unsafe { params.finish_row(b, r0 + r, g, acc, PAIR, out) };
         }
     }
@@ -413,10 +417,10 @@ impl GroupParams16 {
     ///
     /// # Safety
     /// The CPU must support AVX-512F; `row` must be one of `b`'s rows and `g` one of its groups (its terms
-    /// hold `m × groups`), and `out` must hold at least `(row + 1) × 16` values.
+    /// hold `m × groups`), and `out` must hold at least `row + 1` rows.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn finish_row(&self, b: &Block, row: usize, g: usize, acc: __m512i, pair: bool, out: &mut [f32]) {
+    unsafe fn finish_row(&self, b: &Block, row: usize, g: usize, acc: __m512i, pair: bool, out: &mut BlockOut) {
         let t = &b.terms[row * b.groups + g];
         // z·Σx per lane; with the implicit zero 8 (a pair's 128) the same wrapping product, taken once per
         // call.
@@ -443,13 +447,13 @@ impl GroupParams16 {
         g: usize,
         centered: __m512i,
         offsets: Option<__m512>,
-        out: &mut [f32],
+        out: &mut BlockOut,
     ) {
         let t = &b.terms[row * b.groups + g];
         let v = _mm512_cvtepi32_ps(centered);
         let a_scale = _mm512_set1_ps(t.a_scale);
-        // SAFETY: out holds (row + 1) × 16 values (the caller's contract).
-        let o = unsafe { out.as_mut_ptr().add(row * 16) };
+        // Row `row`'s sixteen values are valid: out holds row + 1 rows (the caller's contract).
+        let o = out.row_ptr(row);
         // SAFETY: as above.
         let mut acc_f = _mm512_fmadd_ps(v, _mm512_mul_ps(a_scale, self.scales), unsafe { _mm512_loadu_ps(o) });
         if let Some(f) = offsets {
@@ -471,11 +475,11 @@ pub(crate) fn finish_rows_avx512(
     g: usize,
     acc: &[i32],
     centered: bool,
-    out: &mut [f32],
+    out: &mut BlockOut,
 ) {
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
     assert!(g < b.spans.len() && rows.end <= b.m, "group {g} and rows {rows:?} lie within the block");
-    assert!(acc.len() >= rows.len() * 16 && out.len() >= rows.end * 16, "16 sums a row in, 16 outputs a row out");
+    assert!(acc.len() >= rows.len() * 16 && out.rows() >= rows.end, "16 sums a row in, 16 outputs a row out");
     // SAFETY: the token proves AVX-512 F/BW/VL; the asserts above are the function's contract.
     unsafe { finish_rows_avx512_impl(b, rows, g, acc, centered, out) }
 }
@@ -484,8 +488,7 @@ pub(crate) fn finish_rows_avx512(
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL; `b`'s tables must cover its groups (`params_cover`), `g` must be
-/// one of its groups, `rows.end ≤ b.m`, `acc` must hold `rows.len() × 16` sums and `out` `rows.end × 16`
-/// values.
+/// one of its groups, `rows.end ≤ b.m`, `acc` must hold `rows.len() × 16` sums and `out` `rows.end` rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn finish_rows_avx512_impl(
     b: &Block,
@@ -493,7 +496,7 @@ unsafe fn finish_rows_avx512_impl(
     g: usize,
     acc: &[i32],
     centered: bool,
-    out: &mut [f32],
+    out: &mut BlockOut,
 ) {
     // SAFETY: AVX-512F, and g's tables cover it (the contract).
     let params = unsafe { GroupParams16::load(b, g) };
@@ -502,7 +505,7 @@ unsafe fn finish_rows_avx512_impl(
         (true, Some(f)) => {
             for (i, row) in rows.enumerate() {
                 // SAFETY: i < rows.len(), so acc[16i .. 16i + 16] is within acc; row < rows.end ≤ m, g is a
-                // group, and out holds rows.end × 16 values (the contract).
+                // group, and out holds rows.end rows (the contract).
                 unsafe {
                     let sums = _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast());
                     params.finish_centered_row(b, row, g, sums, Some(f), out);
@@ -542,11 +545,11 @@ pub(crate) fn finish_pass_avx512<S: GroupSums>(
     b: &Block,
     row0: usize,
     centered: bool,
-    out: &mut [f32],
+    out: &mut BlockOut,
     steps: &mut S,
 ) -> Result<(), TileError> {
     assert!(params_cover(b), "a block's parameter tables hold 16 per group");
-    assert!(row0 + 16 <= b.m && out.len() >= (row0 + 16) * 16, "rows {row0}..{} lie within the block", row0 + 16);
+    assert!(row0 + 16 <= b.m && out.rows() >= row0 + 16, "rows {row0}..{} lie within the block", row0 + 16);
     // SAFETY: the token proves AVX-512 F/BW/VL; the asserts above are the functions' contract.
     unsafe {
         match (centered, b.offsets.is_some()) {
@@ -562,13 +565,12 @@ pub(crate) fn finish_pass_avx512<S: GroupSums>(
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL; `b`'s tables must cover its groups (`params_cover`),
-/// `row0 + 16 ≤ b.m`, and `out` must hold `(row0 + 16) × 16` values; `OFFSETS` must be whether `b` has
-/// offsets.
+/// `row0 + 16 ≤ b.m`, and `out` must hold `row0 + 16` rows; `OFFSETS` must be whether `b` has offsets.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn finish_pass_avx512_impl<S: GroupSums, const CENTERED: bool, const OFFSETS: bool>(
     b: &Block,
     row0: usize,
-    out: &mut [f32],
+    out: &mut BlockOut,
     steps: &mut S,
 ) -> Result<(), TileError> {
     /// `$body` once for each of the sixteen rows, with `$r` the row as a constant, so the sixteen outputs
@@ -584,12 +586,12 @@ unsafe fn finish_pass_avx512_impl<S: GroupSums, const CENTERED: bool, const OFFS
             })*
         };
     }
-    // SAFETY: out holds (row0 + 16) × 16 values (the contract).
-    let o = unsafe { out.as_mut_ptr().add(row0 * 16) };
-    let mut acc = [_mm512_setzero_ps(); 16];
+    // Every row starts at the bias (zeros without one): the outputs are set, not added into.
+    // SAFETY: a bias is sixteen values.
+    let start = out.bias().map_or(_mm512_setzero_ps(), |bias| unsafe { _mm512_loadu_ps(bias.as_ptr()) });
+    let mut acc = [start; 16];
     each_row!(R => {
-        // SAFETY: R < 16, within the rows above.
-        acc[R] = unsafe { _mm512_loadu_ps(o.add(R * 16)) };
+        _mm_prefetch::<_MM_HINT_T0>(out.row_ptr(row0 + R).cast());
     });
     let mut sums = [0i32; 256];
     for g in 0..b.spans.len() {
@@ -623,8 +625,8 @@ unsafe fn finish_pass_avx512_impl<S: GroupSums, const CENTERED: bool, const OFFS
         });
     }
     each_row!(R => {
-        // SAFETY: as for the loads above.
-        unsafe { _mm512_storeu_ps(o.add(R * 16), acc[R]) };
+        // SAFETY: row0 + R < row0 + 16 ≤ out's rows (the contract), so the row's sixteen values are valid.
+        unsafe { _mm512_storeu_ps(out.row_ptr(row0 + R), acc[R]) };
     });
     Ok(())
 }
@@ -889,11 +891,12 @@ mod tests {
                 zeros: None,
                 offsets: Some(offsets.view()),
             };
-            let (mut with, mut without) = (vec![0.5f32; m * 16], vec![0.5f32; m * 16]);
+            let bias = [0.5f32; 16];
+            let (mut with, mut without) = (vec![f32::NAN; m * 16], vec![f32::NAN; m * 16]);
             // SAFETY: this CPU has F16C (checked above); without it is allowed anywhere.
             unsafe {
-                block_avx2_widening(tok, &block, &mut with, true);
-                block_avx2_widening(tok, &block, &mut without, false);
+                block_avx2_widening(tok, &block, &mut BlockOut::tile(&mut with, Some(&bias)), true);
+                block_avx2_widening(tok, &block, &mut BlockOut::tile(&mut without, Some(&bias)), false);
             }
             assert_eq!(
                 with.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
