@@ -590,6 +590,9 @@ unsafe fn finish_pass_avx512_impl<S: GroupSums, const CENTERED: bool, const OFFS
     // SAFETY: a bias is sixteen values.
     let start = out.bias().map_or(_mm512_setzero_ps(), |bias| unsafe { _mm512_loadu_ps(bias.as_ptr()) });
     let mut acc = [start; 16];
+    // The pass's output lines are requested now, so the stores at its end find them in cache. Stores
+    // commit in order, and a store that misses holds back the tile stores behind it, which the next
+    // pass's epilogue waits to load (docs/perf.md); a prefetch of any address is harmless.
     each_row!(R => {
         _mm_prefetch::<_MM_HINT_T0>(out.row_ptr(row0 + R).cast());
     });
