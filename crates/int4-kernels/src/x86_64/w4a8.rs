@@ -45,10 +45,11 @@ fn params_cover(b: &Block) -> bool {
 /// How far ahead of its loads a kernel prefetches a block's codes, in bytes. A block is `8·K` bytes of
 /// codes (16 channels × K inputs; 4.5 KiB at K = 576), and a decode step reads a layer's blocks one
 /// after another with little arithmetic per byte, so its loads, not its arithmetic, set the pace; the
-/// hardware prefetcher alone does not run far enough ahead of them (docs/perf.md). Blocks are contiguous,
-/// so near a block's end this requests the start of the next; past the weights' end a prefetch is
-/// harmless (it never faults).
-const PREFETCH_AHEAD_BYTES: usize = 2048;
+/// hardware prefetcher alone does not run far enough ahead of them (docs/perf.md). About a block ahead
+/// at K = 576: where the weights come from a large L3 (the AMX Xeon), half that distance left a decode
+/// step waiting on its loads. Blocks are contiguous, so near a block's end this requests the next one;
+/// past the weights' end a prefetch is harmless (it never faults).
+const PREFETCH_AHEAD_BYTES: usize = 4096;
 
 /// Blocks of at most this many activation rows prefetch (decode, one row per sequence). Both kernels take
 /// such a block in one pass, which reads it from memory with the least arithmetic per byte. A block of
