@@ -5,6 +5,9 @@
 //! each such write fills one cache line; where it does not, every write splits across two lines, and
 //! two blocks on different threads share each line. An allocator aligns a `Vec<f32>` to 16 bytes at
 //! best, so the runtime keeps the buffers a step's products write in this type.
+//!
+//! Alignment is a matter of speed only: the kernels take any `&mut [f32]`, and an output that is not on
+//! a line (a prompt's logits, say, returned as a `Vec`) gives the same values with split stores.
 
 use std::ops::{Deref, DerefMut};
 

@@ -177,69 +177,72 @@ fn every_kernel_is_bit_exact_against_the_reference() {
                 // Both activation granularities, alternating with M.
                 let granularity = if m % 3 == 0 { ActivationScales::PerToken } else { ActivationScales::PerGroup };
                 let a = quantize_activations(&x, m, &packed, granularity).unwrap();
-                let with_bias = m % 2 == 1;
-                let b = with_bias.then_some(&bias[..]);
-                let want = l.reference(&a, group.len(k), b);
-                // The f32 epilogue against the same integer sums in f64: per group the sums are exact in
-                // i32 and f32 (|sum| < 2²⁴ here), then each term's product of scales and its fused
-                // multiply-add round once, so with t terms per group (1, or 2 with offsets) the error stays
-                // within (2·t·groups + 1)·u_f32 of the magnitudes added.
-                let groups = group.groups(k);
-                let g_len = group.len(k);
-                let terms = if l.offsets.is_some() { 2 } else { 1 };
-                for (i, &got) in want.iter().enumerate() {
-                    let (r, c) = (i / n, i % n);
-                    let (mut exact, mut mag) =
-                        (b.map_or(0.0, |b| f64::from(b[c])), b.map_or(0.0, |b| f64::from(b[c]).abs()));
-                    for g in 0..groups {
-                        let z = i64::from(l.zeros.as_ref().map_or(8, |z| z[g * n + c]));
-                        let span = g * g_len..((g + 1) * g_len).min(k);
-                        let x = |kk: usize| i64::from(a.data[r * a.k_padded + kk]);
-                        let sum: i64 = span.clone().map(|kk| x(kk) * (i64::from(l.codes.get(c, kk)) - z)).sum();
-                        assert!(sum.abs() < 1 << 24, "a group sum this large would round in f32");
-                        let a_s = f64::from(a.scales[r * groups + g]);
-                        let mut term = sum as f64 * a_s * f64::from(l.scales[g * n + c]);
-                        mag += term.abs();
-                        if let Some(f) = &l.offsets {
-                            let t = span.map(x).sum::<i64>() as f64 * a_s * f64::from(f[g * n + c]);
-                            mag += t.abs();
-                            term += t;
+                // Every row count with and without a bias: a kernel that sets its outputs from the bias
+                // must also set them when there is none (the outputs start as NaN).
+                for with_bias in [false, true] {
+                    let b = with_bias.then_some(&bias[..]);
+                    let want = l.reference(&a, group.len(k), b);
+                    // The f32 epilogue against the same integer sums in f64: per group the sums are exact in
+                    // i32 and f32 (|sum| < 2²⁴ here), then each term's product of scales and its fused
+                    // multiply-add round once, so with t terms per group (1, or 2 with offsets) the error stays
+                    // within (2·t·groups + 1)·u_f32 of the magnitudes added.
+                    let groups = group.groups(k);
+                    let g_len = group.len(k);
+                    let terms = if l.offsets.is_some() { 2 } else { 1 };
+                    for (i, &got) in want.iter().enumerate() {
+                        let (r, c) = (i / n, i % n);
+                        let (mut exact, mut mag) =
+                            (b.map_or(0.0, |b| f64::from(b[c])), b.map_or(0.0, |b| f64::from(b[c]).abs()));
+                        for g in 0..groups {
+                            let z = i64::from(l.zeros.as_ref().map_or(8, |z| z[g * n + c]));
+                            let span = g * g_len..((g + 1) * g_len).min(k);
+                            let x = |kk: usize| i64::from(a.data[r * a.k_padded + kk]);
+                            let sum: i64 = span.clone().map(|kk| x(kk) * (i64::from(l.codes.get(c, kk)) - z)).sum();
+                            assert!(sum.abs() < 1 << 24, "a group sum this large would round in f32");
+                            let a_s = f64::from(a.scales[r * groups + g]);
+                            let mut term = sum as f64 * a_s * f64::from(l.scales[g * n + c]);
+                            mag += term.abs();
+                            if let Some(f) = &l.offsets {
+                                let t = span.map(x).sum::<i64>() as f64 * a_s * f64::from(f[g * n + c]);
+                                mag += t.abs();
+                                term += t;
+                            }
+                            exact += term;
                         }
-                        exact += term;
+                        let budget = (2 * terms * groups + 1) as f64 * int4_kernels::budget::U_F32 * mag;
+                        assert!(
+                            (f64::from(got) - exact).abs() <= budget,
+                            "N={n} K={k} {group:?} M={m} output {i}: {got} vs {exact} (budget {budget:e})"
+                        );
                     }
-                    let budget = (2 * terms * groups + 1) as f64 * int4_kernels::budget::U_F32 * mag;
-                    assert!(
-                        (f64::from(got) - exact).abs() <= budget,
-                        "N={n} K={k} {group:?} M={m} output {i}: {got} vs {exact} (budget {budget:e})"
-                    );
-                }
-                let check = |what: &str, out: &[f32]| {
-                    assert!(
-                        out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "{what}: N={n} K={k} {group:?} {zeros:?} {granularity:?} M={m} bias={with_bias}: \
+                    let check = |what: &str, out: &[f32]| {
+                        assert!(
+                            out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "{what}: N={n} K={k} {group:?} {zeros:?} {granularity:?} M={m} bias={with_bias}: \
                          not bit-identical"
-                    );
-                };
-                for &(kernel, name) in &kernels {
+                        );
+                    };
+                    for &(kernel, name) in &kernels {
+                        let mut out = vec![f32::NAN; m * n];
+                        gemm(W4A8Kernel::for_rows(&kernel, a.m).unwrap(), &a, &packed, b, &mut out).unwrap();
+                        check(name, &out);
+                    }
                     let mut out = vec![f32::NAN; m * n];
-                    gemm(W4A8Kernel::for_rows(&kernel, a.m).unwrap(), &a, &packed, b, &mut out).unwrap();
-                    check(name, &out);
+                    gemm_tiles(&TileEmulator::new, &a, &packed, b, &mut out).unwrap();
+                    check("tile emulator", &out);
+                    // The hardware tiles at each of these row counts, below the dispatch threshold too.
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(tok) = amx {
+                        let mut out = vec![f32::NAN; m * n];
+                        gemm_tiles(&|| int4_kernels::AmxTiles::new(tok), &a, &packed, b, &mut out).unwrap();
+                        check("hardware tiles", &out);
+                    }
+                    cases += 1;
                 }
-                let mut out = vec![f32::NAN; m * n];
-                gemm_tiles(&TileEmulator::new, &a, &packed, b, &mut out).unwrap();
-                check("tile emulator", &out);
-                // The hardware tiles at each of these row counts, below the dispatch threshold too.
-                #[cfg(target_arch = "x86_64")]
-                if let Some(tok) = amx {
-                    let mut out = vec![f32::NAN; m * n];
-                    gemm_tiles(&|| int4_kernels::AmxTiles::new(tok), &a, &packed, b, &mut out).unwrap();
-                    check("hardware tiles", &out);
-                }
-                cases += 1;
             }
         }
     }
-    assert_eq!(cases, (6 * 10 + 3) * ZERO_KINDS.len());
+    assert_eq!(cases, (6 * 10 + 3) * ZERO_KINDS.len() * 2);
 }
 
 /// The result does not depend on how many threads split N.
@@ -254,7 +257,7 @@ fn results_do_not_depend_on_the_thread_count() {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             pool.install(|| {
                 let l = W4A8Linear::with_kernels(packed.clone(), None, kernel).unwrap();
-                let mut out = vec![0.0; m * n];
+                let mut out = vec![f32::NAN; m * n];
                 l.forward(&x, m, &mut out).unwrap();
                 out
             })
@@ -473,20 +476,21 @@ fn parameter_tables_of_f16_values_are_held_in_16_bits_with_the_same_results() {
             for rows in 1..=m {
                 let kernel = W4A8Kernel::for_rows(&kernels, rows).unwrap();
                 let a = quantize_activations(&x[..rows * k], rows, &w16, ActivationScales::PerGroup).unwrap();
-                let mut want = vec![0.0f32; rows * n];
+                let mut want = vec![f32::NAN; rows * n];
                 gemm(kernel, &a, &wf, None, &mut want).unwrap();
-                let mut got = vec![0.0f32; rows * n];
+                let mut got = vec![f32::NAN; rows * n];
                 gemm(kernel, &a, &back, None, &mut got).unwrap();
                 let what = format!("{name}, {rows} rows, zeros {}, offsets {}", zeros.is_some(), offsets.is_some());
                 assert_eq!(bits(&got), bits(&want), "{what}");
                 assert!(got.iter().all(|v| v.is_finite()) && got.iter().any(|&v| v != 0.0), "{what}");
             }
             // The AMX tiling, on the emulator, reads them too.
-            let mut want = vec![0.0f32; m * n];
+            let mut want = vec![f32::NAN; m * n];
             gemm_tiles(&TileEmulator::new, &a, &wf, None, &mut want).unwrap();
-            let mut got = vec![0.0f32; m * n];
+            let mut got = vec![f32::NAN; m * n];
             gemm_tiles(&TileEmulator::new, &a, &back, None, &mut got).unwrap();
             assert_eq!(bits(&got), bits(&want), "{name}: the AMX tiling on the emulator");
+            assert!(got.iter().all(|v| v.is_finite()), "{name}: the AMX tiling left outputs unset");
         }
     }
 }
@@ -742,7 +746,7 @@ fn int8_activations_cost_little_against_the_same_four_bit_weights() {
         let exact = reference::w4a16(&x, m, &q.codes, &fz, None);
         let snr = |granularity| {
             let a = quantize_activations(&x, m, &packed, granularity).unwrap();
-            let mut out = vec![0.0; m * n];
+            let mut out = vec![f32::NAN; m * n];
             gemm(W4A8Kernel::Portable, &a, &packed, None, &mut out).unwrap();
             let signal: f64 = exact.iter().map(|v| v * v).sum();
             let noise: f64 = exact.iter().zip(&out).map(|(a, b)| (a - f64::from(*b)).powi(2)).sum();

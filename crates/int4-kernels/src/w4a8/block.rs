@@ -62,8 +62,9 @@ impl<'a> BlockOut<'a> {
     /// `rows` rows of sixteen values `ld` apart from `start`.
     ///
     /// # Safety
-    /// For every `r < rows`, `start + r·ld .. start + r·ld + 16` must be valid for reads and writes for
-    /// `'a`, and nothing else may read or write those values while the result lives.
+    /// `start` must be aligned for `f32` and `ld >= 16` (so no two rows overlap). For every `r < rows`,
+    /// `start + r·ld .. start + r·ld + 16` must be valid for reads and writes for `'a`, and nothing else
+    /// may read or write those values while the result lives.
     pub unsafe fn strided(start: *mut f32, ld: usize, rows: usize, bias: Option<&'a [f32; 16]>) -> Self {
         BlockOut { start, ld, rows, bias, _out: std::marker::PhantomData }
     }
@@ -89,8 +90,9 @@ impl<'a> BlockOut<'a> {
         unsafe { std::slice::from_raw_parts_mut(self.start.add(r * self.ld), 16) }
     }
 
-    /// Where row `r`'s sixteen values start; valid to read and write while `r < self.rows()` (the
-    /// pointer is computed without a check; the SIMD kernels check their rows once per block).
+    /// Where row `r`'s sixteen values start: for `r < self.rows()`, valid to read and write while `self`
+    /// lives and no slice from [`BlockOut::row`] is held. The pointer is computed without a check (the
+    /// SIMD kernels check their rows once per block); for other `r` it must not be dereferenced.
     pub fn row_ptr(&mut self, r: usize) -> *mut f32 {
         self.start.wrapping_add(r * self.ld)
     }

@@ -526,7 +526,8 @@ fn check_operands(
     Ok(())
 }
 
-/// One block's kernel: fills `tile` (`[m][16]`) for a [`Block`].
+/// One block's kernel: sets the block's sixteen columns of every row in its [`BlockOut`], starting from the
+/// bias (or zero).
 type BlockKernel<'a> = dyn Fn(&Block, &mut BlockOut) -> Result<(), TileError> + Sync + 'a;
 
 /// The weights one product runs against: a 4-bit layer, or both planes of an 8-bit one at once (each
@@ -626,9 +627,10 @@ impl<'a> BlockColumns<'a> {
     /// While the result lives, no other result for the same `nb` may: each block's columns have one writer.
     unsafe fn block(&self, nb: usize, bias: Option<&'a [f32; 16]>) -> BlockOut<'a> {
         assert!((nb + 1) * 16 <= self.n, "block {nb} outside an output of {} columns", self.n);
-        // SAFETY: nb·16 + 16 ≤ n (asserted) and out holds m·n values (checked in `new`), so row r < m's
-        // sixteen values at nb·16 + r·n lie within it, borrowed for 'a; no other task reaches them (the
-        // caller's contract, and no block's columns overlap another's).
+        // SAFETY: `out` came from a slice, so it is aligned for f32; nb·16 + 16 ≤ n (asserted), so the
+        // stride n is at least 16, and out holds m·n values (checked in `new`), so row r < m's sixteen
+        // values at nb·16 + r·n lie within it, borrowed for 'a; no other task reaches them (the caller's
+        // contract, and no block's columns overlap another's).
         unsafe { BlockOut::strided(self.out.add(nb * 16), self.n, self.m, bias) }
     }
 }
@@ -1086,11 +1088,12 @@ mod tests {
         let offsets: Vec<f32> = (0..groups * n).map(|i| (i % 5) as f32 * 0.01 - 0.02).collect();
         for (zeros, offsets) in [(Some(&zeros[..]), None), (None, Some(&offsets[..]))] {
             let w = W4A8Weights::pack(&codes, &scales, zeros, offsets, group).unwrap();
-            for m in [40, 50] {
+            let bias: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.25 - 0.75).collect();
+            for (m, bias) in [(40, None), (50, None), (40, Some(&bias[..])), (50, Some(&bias[..]))] {
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
                 let a = quantize_activations(&x, m, &w, ActivationScales::PerGroup).unwrap();
                 let mut want = vec![f32::NAN; m * n];
-                gemm(W4A8Kernel::Portable, &a, &w, None, &mut want).unwrap();
+                gemm(W4A8Kernel::Portable, &a, &w, bias, &mut want).unwrap();
                 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
                 let mut epilogues = vec![("scalar", TileEpilogue::Scalar)];
                 #[cfg(target_arch = "x86_64")]
@@ -1099,12 +1102,14 @@ mod tests {
                 }
                 for (name, epilogue) in epilogues {
                     let mut got = vec![f32::NAN; m * n];
-                    tiles_operand(&TileEmulator::new, epilogue, &a, Operand::Four(&w), None, &mut got).unwrap();
+                    tiles_operand(&TileEmulator::new, epilogue, &a, Operand::Four(&w), bias, &mut got).unwrap();
                     assert!(
                         got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()),
-                        "{name} epilogue, M = {m}, zeros {}: not the portable kernel's bits",
-                        zeros.is_some()
+                        "{name} epilogue, M = {m}, zeros {}, bias {}: not the portable kernel's bits",
+                        zeros.is_some(),
+                        bias.is_some()
                     );
+                    assert!(got.iter().all(|v| v.is_finite()), "{name} epilogue, M = {m}: outputs left unset");
                 }
             }
         }

@@ -248,9 +248,9 @@ macro_rules! rows_avx2_fn {
                             None => _mm256_set1_epi32(t.sum_times_8),
                         };
                         let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, zsum));
-                        // SAFETY: row < m ≤ out's rows, so its values 8h .. 8h + 8 are valid (h < 2).
                         let o = out.row_ptr(row).wrapping_add(8 * h);
-                        // SAFETY: as above.
+                        // SAFETY: row < m ≤ out's rows, so its values 8h .. 8h + 8 are valid (h < 2),
+                        // and no row slice of `out` is held.
                         let prev = unsafe { _mm256_loadu_ps(o) };
                         let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws[h]), prev);
                         if let Some(f) = f {
@@ -453,9 +453,9 @@ impl GroupParams16 {
         let t = &b.terms[row * b.groups + g];
         let v = _mm512_cvtepi32_ps(centered);
         let a_scale = _mm512_set1_ps(t.a_scale);
-        // Row `row`'s sixteen values are valid: out holds row + 1 rows (the caller's contract).
         let o = out.row_ptr(row);
-        // SAFETY: as above.
+        // SAFETY: row's sixteen values are valid: out holds row + 1 rows (the caller's contract), and no
+        // row slice of `out` is held.
         let mut acc_f = _mm512_fmadd_ps(v, _mm512_mul_ps(a_scale, self.scales), unsafe { _mm512_loadu_ps(o) });
         if let Some(f) = offsets {
             acc_f = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, f), acc_f);
