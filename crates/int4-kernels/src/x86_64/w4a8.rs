@@ -162,6 +162,14 @@ macro_rules! rows_avx2_fn {
             // its 8-bit codes as one operand would saturate vpmaddubsw's pair sums.
             let (high_plane, low_plane) = (b.w.as_ptr(), b.low.map(<[u8]>::as_ptr));
             let prefetch = b.m <= PREFETCH_MAX_ROWS;
+            // The rows' outputs stay in registers from the first group to the last, as in `rows_vnni`.
+            let mut rows_out = [[_mm256_setzero_ps(); 2]; R];
+            for (r, o) in rows_out.iter_mut().enumerate() {
+                let p = out.row_ptr(r0 + r);
+                // SAFETY: r0 + r < m ≤ out's rows, so the row's sixteen values are valid; no row slice of
+                // `out` is held.
+                *o = unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.wrapping_add(8))] };
+            }
             for (g, span) in b.spans.iter().enumerate() {
                 let mut acc = [[_mm256_setzero_si256(); 2]; R];
                 for w in std::iter::once(high_plane).chain(low_plane) {
@@ -235,7 +243,7 @@ macro_rules! rows_avx2_fn {
                     Some(f) => Some(unsafe { [$params(f, at0), $params(f, at1)] }),
                     None => None,
                 };
-                for (r, acc) in acc.iter().enumerate() {
+                for (r, (acc, row_out)) in acc.iter().zip(rows_out.iter_mut()).enumerate() {
                     let row = r0 + r;
                     let t = &b.terms[row * b.groups + g];
                     let a_scale = _mm256_set1_ps(t.a_scale);
@@ -248,17 +256,20 @@ macro_rules! rows_avx2_fn {
                             None => _mm256_set1_epi32(t.sum_times_8),
                         };
                         let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, zsum));
-                        let o = out.row_ptr(row).wrapping_add(8 * h);
-                        // SAFETY: row < m ≤ out's rows, so its values 8h .. 8h + 8 are valid (h < 2),
-                        // and no row slice of `out` is held.
-                        let prev = unsafe { _mm256_loadu_ps(o) };
-                        let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws[h]), prev);
+                        let mut acc_f = _mm256_fmadd_ps(v, _mm256_mul_ps(a_scale, ws[h]), row_out[h]);
                         if let Some(f) = f {
                             acc_f = _mm256_fmadd_ps(_mm256_set1_ps(t.sum_f32), _mm256_mul_ps(a_scale, f[h]), acc_f);
                         }
-                        // SAFETY: as above.
-                        unsafe { _mm256_storeu_ps(o, acc_f) };
+                        row_out[h] = acc_f;
                     }
+                }
+            }
+            for (r, o) in rows_out.iter().enumerate() {
+                let p = out.row_ptr(r0 + r);
+                // SAFETY: as for the loads above.
+                unsafe {
+                    _mm256_storeu_ps(p, o[0]);
+                    _mm256_storeu_ps(p.wrapping_add(8), o[1]);
                 }
             }
         }
@@ -331,6 +342,15 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
     let w = b.w.as_ptr();
     let low = b.low.map_or(w, <[u8]>::as_ptr);
     let prefetch = b.m <= PREFETCH_MAX_ROWS;
+    // The rows' outputs stay in registers from the first group to the last, loaded and stored once per
+    // pass rather than once per group: a group's multiply-adds then need no load of the last group's
+    // store (docs/perf.md, "A W4A8 pass keeps its outputs in registers").
+    let mut rows_out = [_mm512_setzero_ps(); R];
+    for (r, o) in rows_out.iter_mut().enumerate() {
+        // SAFETY: r0 + r < m and out holds m rows (this function's contract), so the row's sixteen values
+        // are valid; no row slice of `out` is held.
+        *o = unsafe { _mm512_loadu_ps(out.row_ptr(r0 + r)) };
+    }
     for (g, span) in b.spans.iter().enumerate() {
         let mut chains = [[[_mm512_setzero_si512(); S]; R]; U];
         let mut j = span.start / 8;
@@ -380,10 +400,14 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
         }
         // SAFETY: this function runs with AVX-512F; g is one of the block's groups, whose tables cover it.
         let params = unsafe { GroupParams16::load(b, g) };
-        for (r, &acc) in acc.iter().enumerate() {
-            // SAFETY: as above; r0 + r < m, and out holds m rows (this function's contract).
-            unsafe { params.finish_row(b, r0 + r, g, acc, PAIR, out) };
+        for (r, (&acc, o)) in acc.iter().zip(rows_out.iter_mut()).enumerate() {
+            // SAFETY: as above; r0 + r < m.
+            *o = unsafe { params.finish_row(b, r0 + r, g, acc, PAIR, *o) };
         }
+    }
+    for (r, o) in rows_out.iter().enumerate() {
+        // SAFETY: as for the loads above.
+        unsafe { _mm512_storeu_ps(out.row_ptr(r0 + r), *o) };
     }
 }
 
@@ -411,17 +435,16 @@ impl GroupParams16 {
         GroupParams16 { zeros, scales, offsets }
     }
 
-    /// [`Block::finish`] for row `row`, whose sums for this group are `acc`, sixteen lanes at a time:
-    /// `out = fma(acc − z·Σx, a_s·w_s, out)`, then with offsets `out = fma(Σx, a_s·f, out)`, each product
-    /// and multiply-add rounded as there, so the bits are the same. `pair`: the block is an 8-bit pair
-    /// (zero point 128).
+    /// [`Block::finish`] for row `row`, whose sums for this group are `acc` and whose sixteen outputs so
+    /// far are `out`: `out = fma(acc − z·Σx, a_s·w_s, out)`, then with offsets `out = fma(Σx, a_s·f, out)`,
+    /// each product and multiply-add rounded as there, so the bits are the same; the new outputs are
+    /// returned. `pair`: the block is an 8-bit pair (zero point 128).
     ///
     /// # Safety
-    /// The CPU must support AVX-512F; `row` must be one of `b`'s rows and `g` one of its groups (its terms
-    /// hold `m × groups`), and `out` must hold at least `row + 1` rows.
+    /// The CPU must support AVX-512F.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn finish_row(&self, b: &Block, row: usize, g: usize, acc: __m512i, pair: bool, out: &mut BlockOut) {
+    unsafe fn finish_row(&self, b: &Block, row: usize, g: usize, acc: __m512i, pair: bool, out: __m512) -> __m512 {
         let t = &b.terms[row * b.groups + g];
         // z·Σx per lane; with the implicit zero 8 (a pair's 128) the same wrapping product, taken once per
         // call.
@@ -431,7 +454,7 @@ impl GroupParams16 {
             None => _mm512_set1_epi32(t.sum_times_8),
         };
         // SAFETY: the caller's contract is this one's.
-        unsafe { self.finish_centered_row(b, row, g, _mm512_sub_epi32(acc, zsum), self.offsets, out) };
+        unsafe { self.finish_centered_row(b, row, g, _mm512_sub_epi32(acc, zsum), self.offsets, out) }
     }
 
     /// [`GroupParams16::finish_row`] from `acc − z·Σx` ([`Block::finish_centered`]), with the block's
@@ -448,21 +471,30 @@ impl GroupParams16 {
         g: usize,
         centered: __m512i,
         offsets: Option<__m512>,
-        out: &mut BlockOut,
-    ) {
+        out: __m512,
+    ) -> __m512 {
         let t = &b.terms[row * b.groups + g];
         let v = _mm512_cvtepi32_ps(centered);
         let a_scale = _mm512_set1_ps(t.a_scale);
-        let o = out.row_ptr(row);
-        // SAFETY: row's sixteen values are valid: out holds row + 1 rows (the caller's contract), and no
-        // row slice of `out` is held.
-        let mut acc_f = _mm512_fmadd_ps(v, _mm512_mul_ps(a_scale, self.scales), unsafe { _mm512_loadu_ps(o) });
+        let mut acc_f = _mm512_fmadd_ps(v, _mm512_mul_ps(a_scale, self.scales), out);
         if let Some(f) = offsets {
             acc_f = _mm512_fmadd_ps(_mm512_set1_ps(t.sum_f32), _mm512_mul_ps(a_scale, f), acc_f);
         }
-        // SAFETY: as above.
-        unsafe { _mm512_storeu_ps(o, acc_f) };
+        acc_f
     }
+}
+
+/// `f` applied to row `row`'s sixteen outputs in `out`, in place.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `out` must hold at least `row + 1` rows.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn update_row(out: &mut BlockOut, row: usize, f: impl FnOnce(__m512) -> __m512) {
+    let o = out.row_ptr(row);
+    // SAFETY: row's sixteen values are valid: out holds row + 1 rows (the caller's contract), and no row
+    // slice of `out` is held.
+    unsafe { _mm512_storeu_ps(o, f(_mm512_loadu_ps(o))) };
 }
 
 /// [`Block::finish`] for the consecutive rows `rows` of group `g`, sixteen lanes at a time: the AMX
@@ -509,7 +541,7 @@ unsafe fn finish_rows_avx512_impl(
                 // group, and out holds rows.end rows (the contract).
                 unsafe {
                     let sums = _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast());
-                    params.finish_centered_row(b, row, g, sums, Some(f), out);
+                    update_row(out, row, |o| params.finish_centered_row(b, row, g, sums, Some(f), o));
                 }
             }
         }
@@ -518,7 +550,7 @@ unsafe fn finish_rows_avx512_impl(
                 // SAFETY: as above.
                 unsafe {
                     let sums = _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast());
-                    params.finish_centered_row(b, row, g, sums, None, out);
+                    update_row(out, row, |o| params.finish_centered_row(b, row, g, sums, None, o));
                 }
             }
         }
@@ -527,7 +559,7 @@ unsafe fn finish_rows_avx512_impl(
                 // SAFETY: as above.
                 unsafe {
                     let sums = _mm512_loadu_si512(acc.as_ptr().add(i * 16).cast());
-                    params.finish_row(b, row, g, sums, b.low.is_some(), out);
+                    update_row(out, row, |o| params.finish_row(b, row, g, sums, b.low.is_some(), o));
                 }
             }
         }
