@@ -379,6 +379,11 @@ impl VectorOps {
         assert!(gate.len() == up.len() && up.len() == out.len(), "silu_mul of slices of different lengths");
         match self.tok {
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: the tokens prove AVX-512F, AVX2 and FMA; the three slices hold `out.len()` floats each.
+            Some(_) if self.wide.is_some() => unsafe {
+                avx512::silu_mul(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len())
+            },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves AVX2 and FMA; the three slices hold `out.len()` floats each.
             Some(_) => unsafe { avx2::silu_mul(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len()) },
             _ => {
@@ -1004,6 +1009,29 @@ mod avx512 {
         unsafe { super::avx2::softmax_exp_from(x, len, max, scale, i, acc) }
     }
 
+    /// [`super::avx2::silu_mul`] sixteen values at a time, to its bits: each lane's operations are the
+    /// AVX2 one's (the `exp` of [`exp16`], then the same division and multiply). The last fewer than
+    /// sixteen go to the AVX2 loop.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA; `gate` and `up` readable and `out` writable for `len`
+    /// floats.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn silu_mul(gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
+        let mut i = 0;
+        while i + 16 <= len {
+            // SAFETY: i + 16 <= len.
+            unsafe {
+                let (g, u) = (_mm512_loadu_ps(gate.add(i)), _mm512_loadu_ps(up.add(i)));
+                let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+                _mm512_storeu_ps(out.add(i), _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0), e)), u));
+            }
+            i += 16;
+        }
+        // SAFETY: the caller's contract, from element i ≤ len on.
+        unsafe { super::avx2::silu_mul(gate.add(i), up.add(i), out.add(i), len - i) }
+    }
+
     /// `dst[i]` = the f16 `src[i]` (raw bits) widened, sixteen at a time, the tail one at a time.
     ///
     /// # Safety
@@ -1300,6 +1328,48 @@ mod tests {
                 let least = x.iter().copied().fold(f32::INFINITY, f32::min);
                 for max in [least, f32::NEG_INFINITY, f32::INFINITY, f32::NAN] {
                     check(x, max, 0.125, what);
+                }
+            }
+        }
+    }
+
+    /// SiLU·up on AVX-512 gives the AVX2 bits on every length around the vector widths (tails in both
+    /// loops), and at `exp`'s edges, infinities and NaN.
+    #[test]
+    fn silu_mul_on_avx512_gives_the_avx2_bits() {
+        let caps = IsaCaps::process();
+        let (wide, narrow) = (VectorOps::new(), VectorOps::with_caps(&caps.with_max_level(IsaLevel::Avx2)));
+        if wide.wide.is_none() || narrow.tok.is_none() {
+            let msg = "silu_mul_on_avx512: SKIPPED (no AVX-512 in this process: the CPU, or INT4_ISA, caps it)";
+            assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "{msg}");
+            return eprintln!("{msg}");
+        }
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let edges = [-EXP_MIN, -EXP_MAX, EXP_MIN, EXP_MAX, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        for len in (0usize..=49).chain([63, 64, 65, 1536, 1537]) {
+            let gate: Vec<f32> =
+                (0..len)
+                    .map(|i| {
+                        if i % 11 == 5 {
+                            edges[i / 11 % edges.len()]
+                        } else {
+                            ((i * 7919 % 1009) as f32 - 500.0) * 0.037
+                        }
+                    })
+                    .collect();
+            let up: Vec<f32> = (0..len).map(|i| ((i * 104_729 % 613) as f32 - 300.0) * 0.011).collect();
+            let (mut a, mut b) = (vec![f32::NAN; len], vec![0.0; len]);
+            wide.silu_mul(&gate, &up, &mut a);
+            narrow.silu_mul(&gate, &up, &mut b);
+            assert_eq!(bits(&a), bits(&b), "len {len}");
+            // Against the portable rule, within exp's error: the vector paths compute what they should.
+            for ((&g, &u), &got) in gate.iter().zip(&up).zip(&a) {
+                let want = f64::from(g) / (1.0 + (-f64::from(g)).exp()) * f64::from(u);
+                if want.is_finite() && got.is_finite() {
+                    assert!(
+                        (f64::from(got) - want).abs() <= 1e-5 * want.abs() + 1e-30,
+                        "len {len}: silu({g})·{u} = {got}, want {want}"
+                    );
                 }
             }
         }
