@@ -94,8 +94,6 @@ unsafe fn block_avx2_widening(_tok: Avx2Fma, b: &Block, out: &mut BlockOut, f16c
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(4);
-        // A pass's rows are started just before it, so their first stores drain while it computes.
-        out.start(r0..r0 + rows);
         // SAFETY: the token proves AVX2 + FMA, and `f16c` is true only where the live CPU has F16C (this
         // function's contract); the block's
         // invariants (module docs) and the assert above keep every access in bounds for rows r0..r0+rows.
@@ -162,14 +160,14 @@ macro_rules! rows_avx2_fn {
             // its 8-bit codes as one operand would saturate vpmaddubsw's pair sums.
             let (high_plane, low_plane) = (b.w.as_ptr(), b.low.map(<[u8]>::as_ptr));
             let prefetch = b.m <= PREFETCH_MAX_ROWS;
-            // The rows' outputs stay in registers from the first group to the last, as in `rows_vnni`.
-            let mut rows_out = [[_mm256_setzero_ps(); 2]; R];
-            for (r, o) in rows_out.iter_mut().enumerate() {
-                let p = out.row_ptr(r0 + r);
-                // SAFETY: r0 + r < m ≤ out's rows, so the row's sixteen values are valid; no row slice of
-                // `out` is held.
-                *o = unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.wrapping_add(8))] };
-            }
+            // The rows' outputs stay in registers from the first group to the last, as in `rows_vnni`, and
+            // start from the bias there.
+            let start = match out.bias() {
+                // SAFETY: the bias holds sixteen values.
+                Some(bias) => unsafe { [_mm256_loadu_ps(bias.as_ptr()), _mm256_loadu_ps(bias.as_ptr().add(8))] },
+                None => [_mm256_setzero_ps(); 2],
+            };
+            let mut rows_out = [start; R];
             for (g, span) in b.spans.iter().enumerate() {
                 let mut acc = [[_mm256_setzero_si256(); 2]; R];
                 for w in std::iter::once(high_plane).chain(low_plane) {
@@ -266,7 +264,8 @@ macro_rules! rows_avx2_fn {
             }
             for (r, o) in rows_out.iter().enumerate() {
                 let p = out.row_ptr(r0 + r);
-                // SAFETY: as for the loads above.
+                // SAFETY: r0 + r < m ≤ out's rows, so the row's sixteen values are valid; no row slice of
+                // `out` is held.
                 unsafe {
                     _mm256_storeu_ps(p, o[0]);
                     _mm256_storeu_ps(p.wrapping_add(8), o[1]);
@@ -288,8 +287,6 @@ pub(crate) fn block_vnni(_tok: Avx512Vnni, b: &Block, out: &mut BlockOut) {
     let mut r0 = 0;
     while r0 < b.m {
         let rows = (b.m - r0).min(8);
-        // A pass's rows are started just before it, so their first stores drain while it computes.
-        out.start(r0..r0 + rows);
         // SAFETY: the token proves AVX-512 F/BW/VL + VNNI; the block's invariants (module docs) and the
         // asserts above keep every access in bounds for rows r0..r0+rows.
         unsafe {
@@ -342,15 +339,13 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
     let w = b.w.as_ptr();
     let low = b.low.map_or(w, <[u8]>::as_ptr);
     let prefetch = b.m <= PREFETCH_MAX_ROWS;
-    // The rows' outputs stay in registers from the first group to the last, loaded and stored once per
-    // pass rather than once per group: a group's multiply-adds then need no load of the last group's
-    // store (docs/perf.md, "A W4A8 pass keeps its outputs in registers").
-    let mut rows_out = [_mm512_setzero_ps(); R];
-    for (r, o) in rows_out.iter_mut().enumerate() {
-        // SAFETY: r0 + r < m and out holds m rows (this function's contract), so the row's sixteen values
-        // are valid; no row slice of `out` is held.
-        *o = unsafe { _mm512_loadu_ps(out.row_ptr(r0 + r)) };
-    }
+    // The rows' outputs stay in registers from the first group to the last, started from the bias there
+    // and stored once per pass, not loaded and stored once per group: a group's multiply-adds then need no
+    // load of the last group's store, and the pass none of a bias just written to memory (docs/perf.md,
+    // "A W4A8 pass keeps its outputs in registers").
+    // SAFETY: the bias holds sixteen values.
+    let start = out.bias().map_or(_mm512_setzero_ps(), |bias| unsafe { _mm512_loadu_ps(bias.as_ptr()) });
+    let mut rows_out = [start; R];
     for (g, span) in b.spans.iter().enumerate() {
         let mut chains = [[[_mm512_setzero_si512(); S]; R]; U];
         let mut j = span.start / 8;
@@ -406,7 +401,8 @@ unsafe fn rows_vnni<const R: usize, const U: usize, const S: usize, const PAIR: 
         }
     }
     for (r, o) in rows_out.iter().enumerate() {
-        // SAFETY: as for the loads above.
+        // SAFETY: r0 + r < m and out holds m rows (this function's contract), so the row's sixteen values
+        // are valid; no row slice of `out` is held.
         unsafe { _mm512_storeu_ps(out.row_ptr(r0 + r), *o) };
     }
 }
