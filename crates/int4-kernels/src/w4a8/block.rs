@@ -228,6 +228,7 @@ impl Block<'_> {
 /// Where an epilogue takes a pass's sums from: the groups' sums in order, each stored on request (the AMX
 /// tiling's tile stores, run ahead by the next group's dot products).
 pub(crate) trait GroupSums {
-    /// Stores group `g`'s sums into `sums`, `[rows][16]` (the groups are asked for in order).
-    fn group(&mut self, g: usize, sums: &mut [i32; 256]) -> Result<(), TileError>;
+    /// Stores group `g`'s sums, `[rows][16]`, and returns them (the groups are asked for in order). The
+    /// buffer is the source's, kept across its passes: one made for each pass would be zeroed for each.
+    fn group(&mut self, g: usize) -> Result<&[i32; 256], TileError>;
 }

@@ -248,7 +248,7 @@ impl Int8Linear {
 /// [`crate::w4a8::gemm_tiles`] runs a 4-bit layer (what an [`Int8Linear`] runs from
 /// [`crate::w4a8::AMX_MIN_ROWS`] rows on AMX; on the bit-exact [`crate::tile::TileEmulator`] anywhere).
 /// `a` is quantized for the low plane ([`Int8Weights::lo`]).
-pub fn gemm_tiles<T: TileUnit>(
+pub fn gemm_tiles<T: TileUnit + 'static>(
     new_unit: &(dyn Fn() -> T + Sync),
     a: &QuantizedActivations,
     w: &Int8Weights,

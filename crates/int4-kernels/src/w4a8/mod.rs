@@ -702,7 +702,7 @@ fn gemm_operand(
 /// then per 16 rows (a row tile) and per group, `tdpbsud` accumulates `Σ xq·q` over the group's K blocks
 /// in an i32 tile (`tdpbssd`, `Σ xq·(q − z)`, where the zero point is implicit), which the shared epilogue
 /// turns into f32.
-pub fn gemm_tiles<T: TileUnit>(
+pub fn gemm_tiles<T: TileUnit + 'static>(
     new_unit: &(dyn Fn() -> T + Sync),
     a: &QuantizedActivations,
     w: &W4A8Weights,
@@ -714,7 +714,7 @@ pub fn gemm_tiles<T: TileUnit>(
 
 /// [`gemm_tiles`] for the planes `hi` and `lo` of 8-bit weights, both in one pass (the AMX tiling of
 /// [`gemm_planes`]).
-pub(crate) fn tiles_planes<T: TileUnit>(
+pub(crate) fn tiles_planes<T: TileUnit + 'static>(
     new_unit: &(dyn Fn() -> T + Sync),
     a: &QuantizedActivations,
     (hi, lo): (&W4A8Weights, &W4A8Weights),
@@ -763,19 +763,18 @@ impl TileEpilogue {
             return crate::x86_64::w4a8::finish_pass_avx512(tok, b, rows.start, centered, out, steps);
         }
         out.start(rows.clone());
-        let mut sums = [0i32; 256];
         match self {
             #[cfg(target_arch = "x86_64")]
             TileEpilogue::Avx512(tok) => {
                 for g in 0..b.spans.len() {
-                    steps.group(g, &mut sums)?;
-                    crate::x86_64::w4a8::finish_rows_avx512(tok, b, rows.clone(), g, &sums, centered, out);
+                    let sums = steps.group(g)?;
+                    crate::x86_64::w4a8::finish_rows_avx512(tok, b, rows.clone(), g, sums, centered, out);
                 }
                 Ok(())
             }
             TileEpilogue::Scalar => {
                 for g in 0..b.spans.len() {
-                    steps.group(g, &mut sums)?;
+                    let sums = steps.group(g)?;
                     for (row, acc) in rows.clone().zip(sums.chunks_exact(16)) {
                         let acc: &[i32; 16] = acc.try_into().expect("16 lanes");
                         let out = out.row(row);
@@ -789,7 +788,7 @@ impl TileEpilogue {
 }
 
 /// [`gemm_tiles`] or [`tiles_planes`], as `op` says.
-fn tiles_operand<T: TileUnit>(
+fn tiles_operand<T: TileUnit + 'static>(
     new_unit: &(dyn Fn() -> T + Sync),
     epilogue: TileEpilogue,
     a: &QuantizedActivations,
@@ -889,7 +888,7 @@ thread_local! {
 /// other), and i32 accumulators (`rows × 16`) in 0 for even groups and 2 for odd ones. The next group's
 /// dot products are issued before a group's sums are stored, so the tiles compute while the epilogue,
 /// which takes each group's sums as they are stored ([`TileEpilogue::run_pass`]), runs.
-fn block_tiles<T: TileUnit>(
+fn block_tiles<T: TileUnit + 'static>(
     unit: &mut T,
     b: &Block,
     kb: usize,
@@ -904,7 +903,7 @@ fn block_tiles<T: TileUnit>(
     result
 }
 
-fn block_tiles_expanded<T: TileUnit>(
+fn block_tiles_expanded<T: TileUnit + 'static>(
     unit: &mut T,
     b: &Block,
     kb: usize,
@@ -915,6 +914,9 @@ fn block_tiles_expanded<T: TileUnit>(
 ) -> Result<(), TileError> {
     // Codes stored less an implicit zero are signed (`expand_codes`).
     let centered = b.implicit_zero();
+    let mut sums = [0i32; 256];
+    #[cfg(target_arch = "x86_64")]
+    let mut checked = None;
     let mut loaded = 0;
     for m0 in (0..b.m).step_by(16) {
         let r = 16.min(b.m - m0);
@@ -928,11 +930,34 @@ fn block_tiles_expanded<T: TileUnit>(
             unit.load_config(&cfg)?;
             loaded = r;
         }
-        let mut pass = Pass { unit: &mut *unit, b, panels, expanded, kb, m0, r, centered, k_blocks: 0 };
+        #[cfg(target_arch = "x86_64")]
+        if let (16, TileEpilogue::Avx512(tok), Some(tiles)) = (r, epilogue, hardware(unit)) {
+            let checked = match &checked {
+                Some(c) => c,
+                None => checked.insert(crate::x86_64::amx::CheckedBlock::new(b, expanded, kb, centered)?),
+            };
+            let panel = &panels[m0 * b.kp..(m0 + 16) * b.kp];
+            let mut pass = crate::x86_64::amx::HardwarePass::new(tiles, checked, panel, &mut sums)?;
+            if !b.spans.is_empty() {
+                pass.issue(0);
+            }
+            crate::x86_64::w4a8::finish_pass_avx512(tok, b, m0, centered, out, &mut pass)?;
+            continue;
+        }
+        let mut pass =
+            Pass { unit: &mut *unit, b, panels, expanded, kb, m0, r, centered, k_blocks: 0, sums: &mut sums };
         pass.issue(0)?;
         epilogue.run_pass(b, m0..m0 + r, centered, out, &mut pass)?;
     }
     Ok(())
+}
+
+/// The hardware tiles, where `unit` is them: the tiling then runs its full 16-row passes as a
+/// [`HardwarePass`](crate::x86_64::amx::HardwarePass), checked once per pass rather than at every
+/// instruction. Other units (the emulator) run every instruction through [`TileUnit`].
+#[cfg(target_arch = "x86_64")]
+fn hardware<T: TileUnit + 'static>(unit: &mut T) -> Option<&mut crate::x86_64::amx::AmxTiles> {
+    (unit as &mut dyn std::any::Any).downcast_mut()
 }
 
 /// One pass of [`block_tiles_expanded`] on its tile unit: the block, its activations (as row tile panels,
@@ -948,6 +973,8 @@ struct Pass<'a, T: TileUnit> {
     r: usize,
     centered: bool,
     k_blocks: usize,
+    /// Where the group's sums are stored, the block's for all its passes.
+    sums: &'a mut [i32; 256],
 }
 
 impl<T: TileUnit> Pass<'_, T> {
@@ -977,12 +1004,13 @@ impl<T: TileUnit> GroupSums for Pass<'_, T> {
     /// Issues the next group's dot products (group 0's were issued before the pass), then stores group
     /// g's sums, so the tiles compute while the epilogue finishes this group.
     #[inline(always)]
-    fn group(&mut self, g: usize, sums: &mut [i32; 256]) -> Result<(), TileError> {
+    fn group(&mut self, g: usize) -> Result<&[i32; 256], TileError> {
         if g + 1 < self.b.spans.len() {
             self.issue(g + 1)?;
         }
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut sums[..]);
-        self.unit.store(2 * (g % 2), &mut bytes[..self.r * 64], 64)
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.sums[..]);
+        self.unit.store(2 * (g % 2), &mut bytes[..self.r * 64], 64)?;
+        Ok(self.sums)
     }
 }
 

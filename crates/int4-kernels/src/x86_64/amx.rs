@@ -6,6 +6,11 @@
 //! checks), so an instruction it executes can neither fault for want of a configuration nor touch memory
 //! outside the slices it was given.
 //!
+//! [`HardwarePass`] runs the W4A8 tiling's full 16-row passes on a unit's tiles with the instructions
+//! written out, checked once per pass (the configuration, the panel) and once per block (the spans, the
+//! codes) instead of one by one; the tests hold it to the reference bit for bit on AMX machines, as they
+//! hold the generic pass run through [`TileUnit`] on the emulator.
+//!
 //! Tile state lives in the thread's registers, so a unit is neither `Send` nor `Sync`: each thread builds
 //! its own, loads its own configuration, and the unit releases the tiles when dropped.
 //!
@@ -15,9 +20,11 @@
 //! as an error.
 
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use crate::isa::{AmxBf16, AmxInt8};
 use crate::tile::{TileConfig, TileError, TileShapes, TileUnit};
+use crate::w4a8::block::{Block, GroupSums};
 
 /// The hardware tile unit of the calling thread.
 #[derive(Debug)]
@@ -232,5 +239,164 @@ impl Drop for AmxTiles {
     fn drop(&mut self) {
         #[cfg(target_arch = "x86_64")]
         self.release();
+    }
+}
+
+/// One full 16-row pass of the W4A8 tiling ([`crate::w4a8`]'s `block_tiles`) on the hardware tiles, its
+/// operands and the loaded configuration checked once when it is built rather than at every instruction:
+/// a group of 32 inputs is only a few tile instructions, and checking each one (its shapes, bounds and a
+/// `match` to its encoding) cost about as much as the instruction (docs/perf.md, "The AMX pass checks its
+/// tiles once"). The tiles and their roles are the generic pass's: accumulators 0 (even groups) and 2
+/// (odd), activations 4, codes 6 and 7 alternating by K block.
+pub(crate) struct HardwarePass<'a> {
+    block: &'a CheckedBlock<'a>,
+    /// The pass's activations, `[kp/kb][16][kb]` (16 rows of the row tile panels).
+    panel: &'a [u8],
+    k_blocks: usize,
+    sums: &'a mut [i32; 256],
+    /// Held so nothing else touches the tiles while the pass runs.
+    _tiles: &'a mut AmxTiles,
+}
+
+/// A block's operands checked once for all its [`HardwarePass`]es: every group span lies within the
+/// padded K in whole K blocks of `kb`, and the expanded codes, `[kp/4][64]`, cover the padded K.
+pub(crate) struct CheckedBlock<'a> {
+    b: &'a Block<'a>,
+    expanded: &'a [u8],
+    kb: usize,
+    centered: bool,
+}
+
+impl<'a> CheckedBlock<'a> {
+    /// `b` with its `expanded` codes, in K blocks of `kb`; `centered`: codes stored less their implicit
+    /// zero (signed, for `tdpbssd`).
+    ///
+    /// # Errors
+    /// A `kb` the tiles cannot take, a span off the K blocks or past the padded K, or codes too short.
+    pub(crate) fn new(b: &'a Block<'a>, expanded: &'a [u8], kb: usize, centered: bool) -> Result<Self, TileError> {
+        let aligned = |s: &Range<usize>| s.start.is_multiple_of(kb) && s.end.is_multiple_of(kb) && s.end <= b.kp;
+        if !(kb == 32 || kb == 64) || !b.spans.iter().all(aligned) || expanded.len() < b.kp / 4 * 64 {
+            return Err(TileError::OutOfBounds(format!(
+                "a block over padded K {} in K blocks of {kb} (32 or 64) with {} code bytes (it needs {})",
+                b.kp,
+                expanded.len(),
+                b.kp / 4 * 64
+            )));
+        }
+        Ok(CheckedBlock { b, expanded, kb, centered })
+    }
+}
+
+impl<'a> HardwarePass<'a> {
+    /// The pass over `panel`, the activations of 16 rows, for `block`, on `tiles` as loaded. Every
+    /// instruction it will execute is checked here and in `block`: the tiles' shapes against the
+    /// configuration, and every load against its slice.
+    ///
+    /// # Errors
+    /// A configuration other than the tiling's for 16 rows and the block's K block, a unit without
+    /// AMX-INT8, or a panel too short for the block's padded K.
+    pub(crate) fn new(
+        tiles: &'a mut AmxTiles,
+        block: &'a CheckedBlock<'a>,
+        panel: &'a [u8],
+        sums: &'a mut [i32; 256],
+    ) -> Result<Self, TileError> {
+        if !tiles.int8 {
+            return Err(TileError::ShapeMismatch("the W4A8 pass needs a unit built from an AMX-INT8 token".into()));
+        }
+        let kb = block.kb;
+        let want = [(0, 16, 64), (2, 16, 64), (4, 16, kb), (6, kb / 4, 64), (7, kb / 4, 64)];
+        for (t, rows, colsb) in want {
+            if tiles.shapes.shape(t)? != (rows, colsb) {
+                return Err(TileError::ShapeMismatch(format!(
+                    "tile {t} is not configured as the W4A8 pass's {rows} rows × {colsb} bytes"
+                )));
+            }
+        }
+        if panel.len() < 16 * block.b.kp {
+            return Err(TileError::OutOfBounds(format!(
+                "a 16-row pass over padded K {} needs {} activation bytes, got {}",
+                block.b.kp,
+                16 * block.b.kp,
+                panel.len()
+            )));
+        }
+        Ok(HardwarePass { block, panel, k_blocks: 0, sums, _tiles: tiles })
+    }
+
+    /// Group g's dot products into its accumulator (0 for even groups, 2 for odd). Inlined, so the
+    /// epilogue's outputs stay in registers across it.
+    #[inline(always)]
+    pub(crate) fn issue(&mut self, g: usize) {
+        /// One K block: loads B tile `$tb` from `$w` and A tile 4 from `$a` (rows `$kb` apart), and runs
+        /// `$dot` into accumulator `$c`.
+        macro_rules! k_block {
+            ($dot:literal, $c:literal, $tb:literal, $a:expr, $w:expr, $kb:expr) => {
+                // SAFETY: AMX-INT8 is usable (the unit's token) and tiles c, 4 and tb are configured as
+                // named (checked in `HardwarePass::new`); the A load reads 16 rows of kb bytes at kb apart
+                // from `16·k0`, below `16·kp` ≤ the panel's length (`HardwarePass::new`), and the B load
+                // kb/4 rows of 64 bytes from `16·k0` (`k0/4·64`), below `kp/4·64` ≤ the codes' length, as
+                // every span lies within kp in whole K blocks (`CheckedBlock::new`).
+                unsafe {
+                    std::arch::asm!(
+                        concat!("tileloadd tmm", $tb, ", [{w} + {s64}*1]"),
+                        "tileloadd tmm4, [{a} + {kb}*1]",
+                        concat!($dot, " tmm", $c, ", tmm4, tmm", $tb),
+                        w = in(reg) $w, a = in(reg) $a, kb = in(reg) $kb, s64 = in(reg) 64usize,
+                        options(nostack, readonly)
+                    )
+                }
+            };
+        }
+        let even = g.is_multiple_of(2);
+        if even {
+            // SAFETY: AMX is usable and tile 0 configured (`new`).
+            unsafe { std::arch::asm!("tilezero tmm0", options(nostack, nomem)) };
+        } else {
+            // SAFETY: as above, tile 2.
+            unsafe { std::arch::asm!("tilezero tmm2", options(nostack, nomem)) };
+        }
+        let CheckedBlock { b, expanded, kb, centered } = *self.block;
+        let (panel, codes) = (self.panel.as_ptr(), expanded.as_ptr());
+        for k0 in b.spans[g].clone().step_by(kb) {
+            let (a, w) = (panel.wrapping_add(16 * k0), codes.wrapping_add(16 * k0));
+            let first_b = self.k_blocks.is_multiple_of(2);
+            self.k_blocks += 1;
+            match (centered, even, first_b) {
+                (true, true, true) => k_block!("tdpbssd", "0", "6", a, w, kb),
+                (true, true, false) => k_block!("tdpbssd", "0", "7", a, w, kb),
+                (true, false, true) => k_block!("tdpbssd", "2", "6", a, w, kb),
+                (true, false, false) => k_block!("tdpbssd", "2", "7", a, w, kb),
+                (false, true, true) => k_block!("tdpbsud", "0", "6", a, w, kb),
+                (false, true, false) => k_block!("tdpbsud", "0", "7", a, w, kb),
+                (false, false, true) => k_block!("tdpbsud", "2", "6", a, w, kb),
+                (false, false, false) => k_block!("tdpbsud", "2", "7", a, w, kb),
+            }
+        }
+    }
+}
+
+impl GroupSums for HardwarePass<'_> {
+    /// Issues the next group's dot products (group 0's are issued before the pass), then stores group
+    /// g's sums, so the tiles compute while the epilogue finishes this group.
+    #[inline(always)]
+    fn group(&mut self, g: usize) -> Result<&[i32; 256], TileError> {
+        if g + 1 < self.block.b.spans.len() {
+            self.issue(g + 1);
+        }
+        let p = self.sums.as_mut_ptr();
+        if g.is_multiple_of(2) {
+            // SAFETY: AMX is usable and tile 0 is 16 rows × 64 bytes (`new`): the store writes 16 rows 64
+            // bytes apart, the 1024 bytes of `sums`, borrowed mutably.
+            unsafe {
+                std::arch::asm!("tilestored [{p} + {s}*1], tmm0", p = in(reg) p, s = in(reg) 64usize, options(nostack))
+            };
+        } else {
+            // SAFETY: as above, tile 2.
+            unsafe {
+                std::arch::asm!("tilestored [{p} + {s}*1], tmm2", p = in(reg) p, s = in(reg) 64usize, options(nostack))
+            };
+        }
+        Ok(self.sums)
     }
 }

@@ -563,7 +563,7 @@ unsafe fn finish_rows_avx512_impl(
 }
 
 /// [`Block::finish`] for sixteen consecutive rows from `row0` over every group of the block, one group
-/// after another: the AMX tiling's epilogue for one pass, where `steps.group(g, sums)` stores group `g`'s sums,
+/// after another: the AMX tiling's epilogue for one pass, where `steps.group(g)` stores group `g`'s sums,
 /// `[16][16]` (`Σ xq·q`, or with `centered` `Σ xq·(q − z)`), and runs the tiles ahead. The sixteen rows'
 /// outputs stay in registers from the first group to the last, so each row and group costs a conversion,
 /// the scale's multiply and a multiply-add (two more with offsets), not a load and a store of its outputs
@@ -625,7 +625,6 @@ unsafe fn finish_pass_avx512_impl<S: GroupSums, const CENTERED: bool, const OFFS
     each_row!(R => {
         _mm_prefetch::<_MM_HINT_T0>(out.row_ptr(row0 + R).cast());
     });
-    let mut sums = [0i32; 256];
     for g in 0..b.spans.len() {
         // SAFETY: AVX-512F, and g's tables cover it (the contract).
         let params = unsafe { GroupParams16::load(b, g) };
@@ -633,8 +632,7 @@ unsafe fn finish_pass_avx512_impl<S: GroupSums, const CENTERED: bool, const OFFS
         // SAFETY: row0 + 16 ≤ m and g < groups, so each row's entry is within `terms` (`m × groups`,
         // params_cover).
         let terms = unsafe { b.terms.as_ptr().add(row0 * b.groups + g) };
-        steps.group(g, &mut sums)?;
-        let tile = sums.as_ptr();
+        let tile = steps.group(g)?.as_ptr();
         each_row!(R => {
             // SAFETY: as above, entry (row0 + R)·groups + g; row R of the 16 × 16 sums.
             let (t, s) = unsafe { (&*terms.add(R * b.groups), _mm512_loadu_si512(tile.add(R * 16).cast())) };
