@@ -228,7 +228,9 @@ impl Block<'_> {
 /// Where an epilogue takes a pass's sums from: the groups' sums in order, each stored on request (the AMX
 /// tiling's tile stores, run ahead by the next group's dot products).
 pub(crate) trait GroupSums {
-    /// Stores group `g`'s sums, `[rows][16]`, and returns them (the groups are asked for in order). The
-    /// buffer is the source's, kept across its passes: one made for each pass would be zeroed for each.
+    /// Stores group `g`'s sums and returns the buffer holding them: its first `rows × 16` values,
+    /// `[rows][16]`, are this group's (the groups are asked for in order). The buffer is the source's,
+    /// kept across its passes (one made for each pass would be zeroed for each), so past a short pass's
+    /// rows it holds an earlier pass's sums.
     fn group(&mut self, g: usize) -> Result<&[i32; 256], TileError>;
 }

@@ -748,7 +748,7 @@ impl TileEpilogue {
     }
 
     /// The epilogue of one pass over the rows `rows` (consecutive, at most 16): for each group in order,
-    /// `steps.group(g, sums)` stores the group's sums, `[rows.len()][16]` (`Σ xq·q`, or with `centered`
+    /// `steps.group(g)` stores the group's sums, `[rows.len()][16]` (`Σ xq·q`, or with `centered`
     /// `Σ xq·(q − z)`), and the epilogue adds them into the rows' outputs.
     fn run_pass<S: GroupSums>(
         self,

@@ -400,3 +400,100 @@ impl GroupSums for HardwarePass<'_> {
         Ok(self.sums)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isa::{AmxBf16, AmxInt8};
+    use crate::w4a8::block::{GroupSpans, RowGroupTerms};
+    use crate::w4a8::params::ParamTable;
+
+    /// `f` of a 16-row block over padded K 128 in groups of `group`.
+    fn with_block<R>(group: usize, f: impl FnOnce(&Block) -> R) -> R {
+        let (kp, m) = (128, 16);
+        let groups = kp / group;
+        let w = vec![0x21u8; kp / 8 * 64];
+        let x = vec![1i8; m * kp];
+        let terms = RowGroupTerms::table(&vec![0.5; m * groups], &vec![m as i32; m * groups]);
+        let scales = ParamTable::from_f32(vec![1.0; groups * 16]);
+        let spans: Vec<_> = (0..groups).map(|g| g * group..(g + 1) * group).collect();
+        let block = Block {
+            w: &w,
+            low: None,
+            x: &x,
+            kp,
+            m,
+            terms: &terms,
+            groups,
+            spans: GroupSpans::new(&spans, kp),
+            w_scales: scales.view(),
+            zeros: None,
+            offsets: None,
+        };
+        f(&block)
+    }
+
+    /// The checks a hardware pass relies on refuse every block it could not run within bounds: a K block
+    /// the tiles cannot take, spans off the K blocks, codes shorter than the padded K; they take the blocks
+    /// the tiling makes.
+    #[test]
+    fn a_block_the_hardware_passes_cannot_run_is_refused() {
+        let expanded = vec![0u8; 128 / 4 * 64];
+        with_block(32, |b| {
+            assert!(CheckedBlock::new(b, &expanded, 32, true).is_ok());
+            // Groups of 32 do not fill K blocks of 64.
+            assert!(matches!(CheckedBlock::new(b, &expanded, 64, true), Err(TileError::OutOfBounds(_))));
+            for kb in [0, 16, 48, 128] {
+                assert!(CheckedBlock::new(b, &expanded, kb, true).is_err(), "K block {kb}");
+            }
+            let short = &expanded[..expanded.len() - 1];
+            assert!(matches!(CheckedBlock::new(b, short, 32, true), Err(TileError::OutOfBounds(_))));
+        });
+        with_block(128, |b| {
+            assert!(CheckedBlock::new(b, &expanded, 64, false).is_ok());
+            assert!(CheckedBlock::new(b, &expanded, 32, false).is_ok());
+        });
+    }
+
+    /// A hardware pass refuses tiles configured other than as the tiling's sixteen-row pass, a unit
+    /// without AMX-INT8, and a panel shorter than sixteen rows of the padded K.
+    #[test]
+    fn a_hardware_pass_refuses_tiles_or_a_panel_it_was_not_checked_for() {
+        let Some(tok) = AmxInt8::new() else {
+            assert!(std::env::var("INT4_TEST_EVERYTHING").as_deref() != Ok("1"), "no AMX-INT8 to test");
+            return eprintln!("a_hardware_pass_refuses_tiles_or_a_panel_it_was_not_checked_for: SKIPPED (no AMX-INT8)");
+        };
+        let expanded = vec![0u8; 128 / 4 * 64];
+        let panel = vec![0u8; 16 * 128];
+        let config = |rows: u8, kb: u16| {
+            TileConfig::new()
+                .with_tile(0, rows, 64)
+                .with_tile(2, rows, 64)
+                .with_tile(4, rows, kb)
+                .with_tile(6, (kb / 4) as u8, 64)
+                .with_tile(7, (kb / 4) as u8, 64)
+        };
+        with_block(32, |b| {
+            let block = CheckedBlock::new(b, &expanded, 32, true).unwrap();
+            let mut sums = [0i32; 256];
+            let mut tiles = AmxTiles::new(tok);
+            assert!(HardwarePass::new(&mut tiles, &block, &panel, &mut sums).is_err(), "unconfigured");
+            tiles.load_config(&config(16, 32)).unwrap();
+            assert!(HardwarePass::new(&mut tiles, &block, &panel, &mut sums).is_ok());
+            let short = &panel[..panel.len() - 1];
+            assert!(matches!(HardwarePass::new(&mut tiles, &block, short, &mut sums), Err(TileError::OutOfBounds(_))));
+            for (rows, kb) in [(8, 32), (16, 64)] {
+                tiles.load_config(&config(rows, kb)).unwrap();
+                let refused = HardwarePass::new(&mut tiles, &block, &panel, &mut sums);
+                assert!(matches!(refused, Err(TileError::ShapeMismatch(_))), "{rows} rows, K block {kb}");
+            }
+            tiles.release();
+            if let Some(bf16) = AmxBf16::new() {
+                let mut tiles = AmxTiles::for_bf16(bf16);
+                tiles.load_config(&config(16, 32)).unwrap();
+                assert!(HardwarePass::new(&mut tiles, &block, &panel, &mut sums).is_err(), "a BF16 unit");
+                tiles.release();
+            }
+        });
+    }
+}
