@@ -638,9 +638,11 @@ fn the_row_exact_decode_gives_every_row_its_one_row_bits() {
 
 /// The AVX-512 f32 prefill (CPUs with AVX-512 but no AVX512-BF16) gives the AVX2 prefill's bits: the same
 /// panels, and each output the same fused multiply-add chain over K, two lane groups per call on 512-bit
-/// registers. Both panel sources (direct and split halves), tails in M (rows past a multiple of six), N
-/// (an odd number of lane groups, so a pair and a single) and K (past a 256-channel panel), every group
-/// size. Runs wherever the CPU has AVX-512 (with BF16 taken away from the caps where it has it).
+/// registers. Both panel sources (direct and split halves), tails in M (rows past a multiple of six and of
+/// the AVX-512 kernel's twelve), N (an odd number of lane groups, so a pair and a single) and K (past a
+/// 128- and a 256-channel panel), every group size. Each call reuses the tile and packed-row buffers the
+/// one before left, so a product that read old sums would differ. Runs wherever the CPU has AVX-512 (with
+/// BF16 taken away from the caps where it has it).
 #[test]
 fn the_avx512_f32_prefill_gives_the_avx2_prefills_bits() {
     use int4_kernels::isa::Feature;
@@ -663,7 +665,7 @@ fn the_avx512_f32_prefill_gives_the_avx2_prefills_bits() {
             let narrow = at(IsaLevel::Avx2, caps);
             let want = if direct { KernelId::W4a16PrefillDirectAvx512 } else { KernelId::W4a16PrefillHalvesAvx512 };
             assert_eq!(wide.kernel_for(512), want);
-            for m in [1, 5, 7, 13, 16, 40] {
+            for m in [1, 5, 7, 12, 13, 16, 25, 40] {
                 let x = rng.activations(m, k);
                 let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
                 wide.prefill(&x, m, &mut a).unwrap();

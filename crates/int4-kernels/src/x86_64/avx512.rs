@@ -343,24 +343,26 @@ unsafe fn decode_block_bf16_with<const MR: usize, const U: usize, const VBMI: bo
 }
 
 /// The f32 GEMM microkernel on 512-bit registers: `MR` activation rows against `P` lane groups' panels
-/// (`panels[i]`: `[kc][16]` f32), accumulated into their tiles (`tiles[i]`: `[MR][16]`, read then
-/// written). Each output is `tile + Σ_p a·panel` as one fused multiply-add chain over `p` in order — the
-/// AVX2 microkernel's chain, so its bits.
+/// (`panels[i]`: `[kc][16]` f32), accumulated into their tiles (`tiles[i]`: `[MR][16]`, read then written;
+/// with `from_zero` only written, the sums starting from zero). The activations are packed
+/// row-interleaved, `a[p·S + r]` row `r`'s input channel `p`, so every row's broadcast comes from one
+/// pointer at a fixed displacement. Each output is `tile + Σ_p a·panel` as one fused multiply-add chain
+/// over `p` in order — the AVX2 microkernel's chain, so its bits.
 ///
 /// # Safety
-/// The CPU must support AVX-512F. `a.add(r·lda + p)` readable for `r < MR`, `p < kc`; `panels[i].add(p·16
-/// + 15)` readable for `p < kc`, `i < P`; `tiles[i].add(r·16 + 15)` readable and writable for `r < MR`,
-/// `i < P`, the tiles not overlapping.
+/// The CPU must support AVX-512F. `a.add(p·S + r)` readable for `r < MR`, `p < kc`; `panels[i].add(p·16
+/// + 15)` readable for `p < kc`, `i < P`; `tiles[i].add(r·16 + 15)` writable (and readable unless
+/// `from_zero`) for `r < MR`, `i < P`, the tiles not overlapping.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn gemm_microkernel_f32<const MR: usize, const P: usize>(
+pub unsafe fn gemm_microkernel_f32<const MR: usize, const P: usize, const S: usize>(
     kc: usize,
     a: *const f32,
-    lda: usize,
     panels: [*const f32; P],
     tiles: [*mut f32; P],
+    from_zero: bool,
 ) {
     let mut acc = [[_mm512_setzero_ps(); P]; MR];
-    for (r, row) in acc.iter_mut().enumerate() {
+    for (r, row) in acc.iter_mut().enumerate().filter(|_| !from_zero) {
         for (c, t) in row.iter_mut().zip(&tiles) {
             // SAFETY: r < MR: row r of each tile is readable (caller contract).
             *c = unsafe { _mm512_loadu_ps(t.add(r * 16)) };
@@ -370,8 +372,8 @@ pub unsafe fn gemm_microkernel_f32<const MR: usize, const P: usize>(
         // SAFETY: p < kc: row p of each panel is readable (caller contract).
         let b: [__m512; P] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(panels[i].add(p * 16)) });
         for (r, row) in acc.iter_mut().enumerate() {
-            // SAFETY: r < MR, p < kc: a[r·lda + p] is readable (caller contract).
-            let ab = _mm512_set1_ps(unsafe { *a.add(r * lda + p) });
+            // SAFETY: r < MR, p < kc: a[p·S + r] is readable (caller contract).
+            let ab = _mm512_set1_ps(unsafe { *a.add(p * S + r) });
             for (c, bv) in row.iter_mut().zip(&b) {
                 *c = _mm512_fmadd_ps(ab, *bv, *c);
             }
