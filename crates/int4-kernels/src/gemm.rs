@@ -21,9 +21,9 @@ use rayon::prelude::*;
 use crate::isa::{Avx2Fma, Avx512, Avx512Bf16};
 use crate::portable;
 
-/// Input channels per panel.
+/// Input channels per panel of the 8-lane and bf16 microkernels.
 pub const KC: usize = 256;
-/// Activation rows per microkernel call.
+/// Activation rows per call of the 8-lane microkernels.
 pub const MR: usize = 6;
 /// Activation rows per call of the AVX-512 microkernel: with two lane groups, 24 accumulators (of 32
 /// registers), so each panel row loaded feeds 24 multiply-adds.
@@ -31,8 +31,9 @@ pub const MR_WIDE: usize = 12;
 /// Input channels per panel of the AVX-512 microkernel: a pair of panels is 16 KiB, in L1 beside the
 /// activation block even on a 32 KiB L1.
 pub const KC_WIDE: usize = 128;
-/// Lane groups per task: their panels (128 KiB at most) stay in L2 while each block of activation rows
-/// sweeps across them.
+/// Lane groups per task: on the 8-lane microkernels their panels (128 KiB at most) stay in L2 while each
+/// block of activation rows sweeps across them; on the AVX-512 one (64 KiB of panels) each pair of them
+/// takes every block of rows in turn.
 pub const LANES_PER_TASK: usize = 8;
 
 /// Writes lane group `lg`'s panel `[k1 − k0][16]` for input channels `k0..k1`: `(lg, k0, k1, panel)`.
@@ -147,7 +148,7 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
 /// zeroed buffer for a prompt (megabytes) is zeroed on the calling thread once the allocator reuses freed
 /// memory (it does after the first few), before the parallel loop starts; a kept one is not. Its contents
 /// are whatever the last product left: every writer of tiles sets each value first ([`panel_gemm`] zeroes
-/// each task's part in the task). A product larger than [`KEEP_TILE_FLOATS`] gets a buffer of its own and
+/// each task's part in the task, or on AVX-512 writes the first K chunk's sums from zero). A product larger than [`KEEP_TILE_FLOATS`] gets a buffer of its own and
 /// leaves the kept one alone. Return it with [`keep_tiles`].
 pub(crate) fn take_tiles(len: usize) -> Vec<f32> {
     take_buffer(&TILES, len)
@@ -160,7 +161,7 @@ pub(crate) fn keep_tiles(tiles: Vec<f32>) {
 }
 
 /// `len` floats from the calling thread's buffer `kept` (of whatever it last held), or a fresh zeroed one
-/// when `len` is over [`KEEP_TILE_FLOATS`].
+/// when `len` is over [`KEEP_TILE_FLOATS`] or the kept one is shorter.
 fn take_buffer(kept: &'static std::thread::LocalKey<std::cell::Cell<Vec<f32>>>, len: usize) -> Vec<f32> {
     if len > KEEP_TILE_FLOATS {
         return vec![0.0; len];
@@ -419,6 +420,7 @@ fn avx512_microkernel(
     _panels: &[f32],
     _t0: &mut [f32],
     _t1: Option<&mut [f32]>,
+    _from_zero: bool,
 ) {
     unreachable!("no Avx512 token exists off x86-64");
 }
@@ -449,7 +451,7 @@ pub(crate) fn scatter(
     let runs: Vec<Option<[usize; 2]>> = channels
         .iter()
         .map(|map| {
-            let run = |h: &[u32]| h.windows(2).all(|w| w[1] == w[0] + 1) && (h[7] as usize) < n;
+            let run = |h: &[u32]| h.windows(2).all(|w| w[0].checked_add(1) == Some(w[1])) && (h[7] as usize) < n;
             (run(&map[..8]) && run(&map[8..])).then_some([map[0] as usize, map[8] as usize])
         })
         .collect();
@@ -543,7 +545,7 @@ mod tests {
     /// its channel's bias, lanes past `n` dropped, with a last band of fewer rows.
     #[test]
     fn scatter_writes_every_channel_its_lane_plus_bias_in_bands() {
-        for (m, n) in [(5usize, 100usize), (37, 100), (37, 2000), (0, 100), (3, 0)] {
+        for (m, n) in [(5usize, 100usize), (37, 100), (5, 104), (37, 2000), (0, 100), (3, 0)] {
             let lanes = n.div_ceil(16);
             // Odd lane groups hold channels in a rotated order, even ones two runs of eight (as a full
             // tinygemm block's do); the last one's lanes past n are padding.

@@ -638,11 +638,12 @@ fn the_row_exact_decode_gives_every_row_its_one_row_bits() {
 
 /// The AVX-512 f32 prefill (CPUs with AVX-512 but no AVX512-BF16) gives the AVX2 prefill's bits: the same
 /// panels, and each output the same fused multiply-add chain over K, two lane groups per call on 512-bit
-/// registers. Both panel sources (direct and split halves), tails in M (rows past a multiple of six and of
-/// the AVX-512 kernel's twelve), N (an odd number of lane groups, so a pair and a single) and K (past a
-/// 128- and a 256-channel panel), every group size. Each call reuses the tile and packed-row buffers the
-/// one before left, so a product that read old sums would differ. Runs wherever the CPU has AVX-512 (with
-/// BF16 taken away from the caps where it has it).
+/// registers. Both panel sources (direct and split halves), every row count the AVX-512 kernel's blocks of
+/// twelve leave last (and tails past multiples of six), N (an odd number of lane groups, so a pair and a
+/// single) and K (below one 128-channel panel, exactly two, and past a 128- and a 256-channel panel),
+/// every group size. The row counts come in no order, so a call reuses tile and packed-row buffers that
+/// a larger call left, and a product that read old sums would differ. Runs wherever the CPU has AVX-512
+/// (with BF16 taken away from the caps where it has it).
 #[test]
 fn the_avx512_f32_prefill_gives_the_avx2_prefills_bits() {
     use int4_kernels::isa::Feature;
@@ -653,7 +654,14 @@ fn the_avx512_f32_prefill_gives_the_avx2_prefills_bits() {
     }
     let no_bf16 = caps.without(Feature::Avx512Bf16);
     let mut rng = Rng::new(41);
-    for (n, k, group) in [(48, 300, GroupSize::G32), (144, 576, GroupSize::G64), (208, 1090, GroupSize::G128)] {
+    let shapes = [
+        (48, 300, GroupSize::G32),
+        (144, 576, GroupSize::G64),
+        (208, 1090, GroupSize::G128),
+        (80, 96, GroupSize::G32),
+        (96, 256, GroupSize::G128),
+    ];
+    for (n, k, group) in shapes {
         let (codes, params) = layer(&mut rng, n, k, group);
         for direct in [true, false] {
             let config = W4A16Config { direct_dequant: direct, ..W4A16Config::default() };
@@ -665,7 +673,7 @@ fn the_avx512_f32_prefill_gives_the_avx2_prefills_bits() {
             let narrow = at(IsaLevel::Avx2, caps);
             let want = if direct { KernelId::W4a16PrefillDirectAvx512 } else { KernelId::W4a16PrefillHalvesAvx512 };
             assert_eq!(wide.kernel_for(512), want);
-            for m in [1, 5, 7, 12, 13, 16, 25, 40] {
+            for m in [40, 1, 25, 5, 13, 7, 16, 12, 2, 23, 3, 6, 8, 9, 10, 11] {
                 let x = rng.activations(m, k);
                 let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
                 wide.prefill(&x, m, &mut a).unwrap();
