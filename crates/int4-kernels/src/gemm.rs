@@ -148,8 +148,9 @@ fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
 /// zeroed buffer for a prompt (megabytes) is zeroed on the calling thread once the allocator reuses freed
 /// memory (it does after the first few), before the parallel loop starts; a kept one is not. Its contents
 /// are whatever the last product left: every writer of tiles sets each value first ([`panel_gemm`] zeroes
-/// each task's part in the task, or on AVX-512 writes the first K chunk's sums from zero). A product larger than [`KEEP_TILE_FLOATS`] gets a buffer of its own and
-/// leaves the kept one alone. Return it with [`keep_tiles`].
+/// each task's part in the task, or on AVX-512 writes the first K chunk's sums from zero). A product
+/// larger than [`KEEP_TILE_FLOATS`] gets a buffer of its own and leaves the kept one alone. Return it with
+/// [`keep_tiles`].
 pub(crate) fn take_tiles(len: usize) -> Vec<f32> {
     take_buffer(&TILES, len)
 }
