@@ -49,6 +49,7 @@ pub mod kernel_id;
 pub mod lines;
 pub mod os;
 pub mod portable;
+pub mod prefetch;
 pub mod reference;
 pub mod shapes;
 pub mod tile;

@@ -15,7 +15,10 @@
 //! distribution. An infinite input is saturated too, so an f16 cache gives finite output where an f32
 //! cache would pass the overflow on as NaN.
 
+use std::ops::Range;
+
 use half::f16;
+use int4_kernels::prefetch::prefetch_l2;
 use int4_kernels::vector::VectorOps;
 use int4_select::KvType;
 
@@ -45,7 +48,28 @@ pub(crate) enum Plane {
     F16(Vec<f16>),
 }
 
+/// The values of a plane ([`Heads`]) a prefetch of positions `0..len` requests within `budget` values:
+/// the same first positions of every head, as many as the budget holds (all `len` where it holds them).
+/// Each head's keys are one attention task's stream, so each stream's first lines arrive ahead of it and
+/// the hardware prefetcher carries on from there.
+fn prefetch_spans(g: Heads, len: usize, budget: usize) -> impl Iterator<Item = Range<usize>> {
+    let positions = (budget / (g.count * g.dim).max(1)).min(len).min(g.capacity);
+    (0..g.count).map(move |h| {
+        let at = h * g.capacity * g.dim;
+        at..at + positions * g.dim
+    })
+}
+
 impl Plane {
+    /// Requests positions `0..len` of every head toward this core's L2, at most `budget` bytes of them
+    /// ([`prefetch_spans`]).
+    fn prefetch(&self, g: Heads, len: usize, budget: usize) {
+        match self {
+            Plane::F32(x) => prefetch_spans(g, len, budget / 4).for_each(|r| prefetch_l2(&x[r])),
+            Plane::F16(x) => prefetch_spans(g, len, budget / 2).for_each(|r| prefetch_l2(&x[r])),
+        }
+    }
+
     fn zeros(kv: KvType, len: usize) -> Plane {
         match kv {
             KvType::F32 => Plane::F32(vec![0.0; len]),
@@ -158,6 +182,14 @@ impl KvCache {
             heads: Heads { count: heads, dim, capacity },
             kv,
         }
+    }
+
+    /// Requests layer `li`'s stored keys and values toward this core's L2, at most `budget` bytes in all
+    /// (half of it keys): a decode step issues it before the layer's first product, so attention finds
+    /// them there ([`int4_kernels::prefetch`] says why).
+    pub(crate) fn prefetch_layer(&self, li: usize, budget: usize) {
+        self.k[li].prefetch(self.heads, self.len, budget / 2);
+        self.v[li].prefetch(self.heads, self.len, budget / 2);
     }
 
     /// How its planes are laid out.
@@ -311,6 +343,31 @@ mod tests {
         wide.write_position(&VectorOps::new(), g, 1, &row);
         assert_eq!(read(&wide, 0), row[..4]);
         assert_eq!(read(&wide, 2), in_range);
+    }
+
+    /// A prefetch requests the same first positions of every head, within that head's stored positions
+    /// and the plane, all of `0..len` where the budget holds them and never more than the budget.
+    #[test]
+    fn a_prefetch_takes_each_heads_first_positions_within_its_budget() {
+        let g = Heads { count: 3, dim: 4, capacity: 10 };
+        for (len, budget, positions) in [(0, 1000, 0), (6, 1000, 6), (6, 72, 6), (6, 71, 5), (6, 11, 0), (25, 1000, 10)]
+        {
+            let spans: Vec<Range<usize>> = prefetch_spans(g, len, budget).collect();
+            assert_eq!(spans.len(), 3, "len {len}, budget {budget}");
+            for (h, span) in spans.iter().enumerate() {
+                let first = h * g.capacity * g.dim;
+                assert_eq!(*span, first..first + positions * g.dim, "head {h}, len {len}, budget {budget}");
+            }
+            let values: usize = spans.iter().map(|r| r.len()).sum();
+            assert!(values <= budget, "len {len}: {values} values past a budget of {budget}");
+        }
+        // Every prefetched value is a stored one of either type, and the planes are left as they were.
+        for kv in KvType::ALL {
+            let c = filled(kv, 10, 6);
+            c.prefetch_layer(1, 1 << 20);
+            c.prefetch_layer(0, 100);
+            assert_eq!(head(&c, 2, 6), (0..24).map(|i| value(i / 4, 2, i % 4)).collect::<Vec<_>>());
+        }
     }
 
     /// A prefix copied into a cache of another capacity, and a cache shrunk to its length, keep every

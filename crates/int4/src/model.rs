@@ -227,6 +227,16 @@ fn apply_rope(v: &mut [f32], cs: &[(f64, f64)]) {
 /// (docs/perf.md); a handful of rows' is less than a hand-off to the other thread.
 const PARALLEL_QK_ROWS: usize = 8;
 
+/// The most bytes of one layer's stored keys and values a step requests ahead of its attention
+/// ([`KvCache::prefetch_layer`], shared among the step's sequences): a quarter of the smallest L2 measured
+/// (Zen 3's 512 KiB), so the lines stay there through the qkv product, and at most 2,048 prefetch
+/// instructions on the thread that runs the step. A prefetch holds a line-fill buffer until its line
+/// arrives, so those instructions take about as long as the reads they save where the budget is large:
+/// past it, the hardware prefetcher carries each head's stream on from its first lines. SmolLM2 holds 768
+/// bytes a position in f16, so the budget covers a decode row's keys and values up to position 170, and
+/// the first 170 of each head beyond (docs/perf.md, "Decode attention waits on the KV cache").
+const KV_PREFETCH_BYTES: usize = 128 << 10;
+
 /// From this many rows a step's row-wise work (residual adds, RMS norms, SiLU·up) runs over the pool:
 /// a prompt's rows are a serial part of every layer on one thread, a few decode rows less than a hand-off.
 const PARALLEL_ROW_OPS: usize = 16;
@@ -1252,6 +1262,11 @@ impl Model {
                     LayerFlow::Skip => continue,
                     LayerFlow::Stop => return Ok(Vec::new()),
                 }
+            }
+            // The layer's stored keys and values, last read a step ago and since pushed out of the caches by
+            // every weight of the model, are requested now and arrive while the qkv product runs.
+            for c in caches.iter() {
+                c.prefetch_layer(li, KV_PREFETCH_BYTES / caches.len().max(1));
             }
             add_and_norm(&mut x, None, &layer.attn_norm, cfg.rms_norm_eps, &mut normed, h);
             observe(&mut observer, li, LinearSlot::Qkv, &normed, m);
