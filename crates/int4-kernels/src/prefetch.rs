@@ -13,7 +13,8 @@
 pub const LINE_BYTES: usize = 64;
 
 /// Requests every cache line of `data` into this core's L2 (`prefetcht1` on x86-64), in address order.
-/// Costs one instruction a line (a microsecond per ~3,000 lines), so callers bound what they pass.
+/// One instruction a line, and each holds one of the core's few line-fill buffers until its line arrives,
+/// so a long run goes at the memory's latency on the calling thread: callers bound what they pass.
 pub fn prefetch_l2<T>(data: &[T]) {
     let start = data.as_ptr().cast::<u8>();
     let bytes = std::mem::size_of_val(data);
