@@ -62,11 +62,21 @@ fn prefetch_spans(g: Heads, len: usize, budget: usize) -> impl Iterator<Item = R
 
 impl Plane {
     /// Requests positions `0..len` of every head toward this core's L2, at most `budget` bytes of them
-    /// ([`prefetch_spans`]).
-    fn prefetch(&self, g: Heads, len: usize, budget: usize) {
+    /// ([`prefetch_spans`]); returns the bytes requested.
+    fn prefetch(&self, g: Heads, len: usize, budget: usize) -> usize {
+        /// Requests `x`'s values in `spans`; returns their bytes.
+        fn request<T>(x: &[T], spans: impl Iterator<Item = Range<usize>>) -> usize {
+            spans
+                .map(|r| {
+                    let values = &x[r];
+                    prefetch_l2(values);
+                    std::mem::size_of_val(values)
+                })
+                .sum()
+        }
         match self {
-            Plane::F32(x) => prefetch_spans(g, len, budget / 4).for_each(|r| prefetch_l2(&x[r])),
-            Plane::F16(x) => prefetch_spans(g, len, budget / 2).for_each(|r| prefetch_l2(&x[r])),
+            Plane::F32(x) => request(x, prefetch_spans(g, len, budget / 4)),
+            Plane::F16(x) => request(x, prefetch_spans(g, len, budget / 2)),
         }
     }
 
@@ -185,11 +195,10 @@ impl KvCache {
     }
 
     /// Requests layer `li`'s stored keys and values toward this core's L2, at most `budget` bytes in all
-    /// (half of it keys): a decode step issues it before the layer's first product, so attention finds
-    /// them there ([`int4_kernels::prefetch`] says why).
-    pub(crate) fn prefetch_layer(&self, li: usize, budget: usize) {
-        self.k[li].prefetch(self.heads, self.len, budget / 2);
-        self.v[li].prefetch(self.heads, self.len, budget / 2);
+    /// (half of it keys); returns the bytes requested. A step issues it before the layer's first product,
+    /// so attention finds them there ([`int4_kernels::prefetch`] says why).
+    pub(crate) fn prefetch_layer(&self, li: usize, budget: usize) -> usize {
+        self.k[li].prefetch(self.heads, self.len, budget / 2) + self.v[li].prefetch(self.heads, self.len, budget / 2)
     }
 
     /// How its planes are laid out.
@@ -350,6 +359,10 @@ mod tests {
     #[test]
     fn a_prefetch_takes_each_heads_first_positions_within_its_budget() {
         let g = Heads { count: 3, dim: 4, capacity: 10 };
+        // A plane of no heads, or of heads of no values, has nothing to request.
+        for g in [Heads { count: 0, dim: 4, capacity: 10 }, Heads { count: 3, dim: 0, capacity: 10 }] {
+            assert_eq!(prefetch_spans(g, 6, 1000).map(|r| r.len()).sum::<usize>(), 0);
+        }
         for (len, budget, positions) in [(0, 1000, 0), (6, 1000, 6), (6, 72, 6), (6, 71, 5), (6, 11, 0), (25, 1000, 10)]
         {
             let spans: Vec<Range<usize>> = prefetch_spans(g, len, budget).collect();
@@ -361,12 +374,16 @@ mod tests {
             let values: usize = spans.iter().map(|r| r.len()).sum();
             assert!(values <= budget, "len {len}: {values} values past a budget of {budget}");
         }
-        // Every prefetched value is a stored one of either type, and the planes are left as they were.
-        for kv in KvType::ALL {
+        // A layer's request in bytes, for either type: every stored position of its 3 heads × 4 values in
+        // keys and values under a large budget; under 100 bytes (50 a plane), the positions 50 bytes hold
+        // in each head: one of 48 bytes in f32 (12 values), two of 48 in f16 (24 values).
+        for (kv, all, small) in
+            [(KvType::F32, 2 * 6 * 3 * 4 * 4, 2 * 3 * 4 * 4), (KvType::F16, 2 * 6 * 3 * 4 * 2, 2 * 2 * 3 * 4 * 2)]
+        {
             let c = filled(kv, 10, 6);
-            c.prefetch_layer(1, 1 << 20);
-            c.prefetch_layer(0, 100);
-            assert_eq!(head(&c, 2, 6), (0..24).map(|i| value(i / 4, 2, i % 4)).collect::<Vec<_>>());
+            assert_eq!(c.prefetch_layer(1, 1 << 20), all, "{kv:?}");
+            assert_eq!(c.prefetch_layer(0, 100), small, "{kv:?}");
+            assert_eq!(c.prefetch_layer(0, 0), 0, "{kv:?}");
         }
     }
 

@@ -229,12 +229,14 @@ const PARALLEL_QK_ROWS: usize = 8;
 
 /// The most bytes of one layer's stored keys and values a step requests ahead of its attention
 /// ([`KvCache::prefetch_layer`], shared among the step's sequences): a quarter of the smallest L2 measured
-/// (Zen 3's 512 KiB), so the lines stay there through the qkv product, and at most 2,048 prefetch
-/// instructions on the thread that runs the step. A prefetch holds a line-fill buffer until its line
-/// arrives, so those instructions take about as long as the reads they save where the budget is large:
-/// past it, the hardware prefetcher carries each head's stream on from its first lines. SmolLM2 holds 768
-/// bytes a position in f16, so the budget covers a decode row's keys and values up to position 170, and
-/// the first 170 of each head beyond (docs/perf.md, "Decode attention waits on the KV cache").
+/// (Zen 3's 512 KiB), so the lines stay there through the qkv product, and about 2,048 prefetch
+/// instructions (one a line, one more where a head's span starts inside a line) on the thread that runs
+/// the step. A prefetch holds a line-fill buffer until its line arrives, so those instructions take about
+/// as long as the reads they save where the budget is large: past it, the hardware prefetcher carries
+/// each head's stream on from its first lines. SmolLM2 holds 768 bytes a position in f16, so for one
+/// sequence the budget covers its keys and values up to position 170, and the first 170 of each head
+/// beyond; each of `n` sequences in a step gets `1/n` of it (docs/perf.md, "Decode attention waits on the
+/// KV cache").
 const KV_PREFETCH_BYTES: usize = 128 << 10;
 
 /// From this many rows a step's row-wise work (residual adds, RMS norms, SiLU·up) runs over the pool:
