@@ -9,10 +9,11 @@ use int4_select::policy::{CheckpointKind, Overrides, Priority, plan};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("int4-cache-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A path that nothing holds yet, inside a directory of the test's own that the guard removes when dropped.
+fn tempdir(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let root = tempfile::Builder::new().prefix(&format!("int4-cache-test-{name}-")).tempdir().unwrap();
+    let path = root.path().join(name);
+    (root, path)
 }
 
 fn a_plan() -> int4_select::Plan {
@@ -140,7 +141,8 @@ fn changing_any_single_field_changes_the_key() {
 
 #[test]
 fn stored_artifacts_load_zero_copy_and_aligned() {
-    let store = ArtifactStore::new(tempdir("roundtrip"));
+    let (_scratch, store_dir) = tempdir("roundtrip");
+    let store = ArtifactStore::new(store_dir);
     let key = a_key("r");
     assert!(matches!(store.load(&key), Lookup::Miss));
     let written = store.store(&key, &sections()).unwrap();
@@ -176,7 +178,8 @@ fn set_mtime(path: &Path, t: std::time::SystemTime) {
 
 #[test]
 fn damaged_artifacts_are_never_used() {
-    let store = ArtifactStore::new(tempdir("damaged"));
+    let (_scratch, store_dir) = tempdir("damaged");
+    let store = ArtifactStore::new(store_dir);
     let key = a_key("d");
     // Truncated.
     drop(store.store(&key, &sections()).unwrap());
@@ -230,7 +233,8 @@ fn damaged_artifacts_are_never_used() {
 
 #[test]
 fn concurrent_builders_of_one_key_both_succeed_and_one_file_survives() {
-    let store = ArtifactStore::new(tempdir("concurrent"));
+    let (_scratch, store_dir) = tempdir("concurrent");
+    let store = ArtifactStore::new(store_dir);
     let key = a_key("c");
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
@@ -247,7 +251,7 @@ fn concurrent_builders_of_one_key_both_succeed_and_one_file_survives() {
 
 #[test]
 fn an_unwritable_cache_runs_uncached_with_a_warning() {
-    let blocker = tempdir("unwritable");
+    let (_scratch, blocker) = tempdir("unwritable");
     std::fs::write(&blocker, b"a file where the directory should be").unwrap();
     let store = ArtifactStore::new(blocker.join("cache"));
     let (art, warnings) = store.get_or_build(&a_key("u"), || Ok::<_, ()>(sections())).unwrap();
@@ -259,7 +263,8 @@ fn an_unwritable_cache_runs_uncached_with_a_warning() {
 
 #[test]
 fn removing_the_cache_dir_while_mapped_is_survived() {
-    let store = ArtifactStore::new(tempdir("removed"));
+    let (_scratch, store_dir) = tempdir("removed");
+    let store = ArtifactStore::new(store_dir);
     let key = a_key("rm");
     let m = store.store(&key, &sections()).unwrap();
     std::fs::remove_dir_all(store.dir()).unwrap();
@@ -272,7 +277,8 @@ fn removing_the_cache_dir_while_mapped_is_survived() {
 
 #[test]
 fn a_killed_writers_temporary_is_never_read_and_is_cleaned_up() {
-    let store = ArtifactStore::new(tempdir("killed"));
+    let (_scratch, store_dir) = tempdir("killed");
+    let store = ArtifactStore::new(store_dir);
     let key = a_key("k");
     std::fs::create_dir_all(store.dir()).unwrap();
     let tmp = store.dir().join(format!(".{}.999.0.tmp", key.hash()));
@@ -287,7 +293,8 @@ fn a_killed_writers_temporary_is_never_read_and_is_cleaned_up() {
 
 #[test]
 fn eviction_is_lru_and_spares_mapped_and_pinned_artifacts() {
-    let store = ArtifactStore::new(tempdir("evict"));
+    let (_scratch, store_dir) = tempdir("evict");
+    let store = ArtifactStore::new(store_dir);
     let keys: Vec<ArtifactKey> = (0..4).map(|i| a_key(&format!("e{i}"))).collect();
     let t0 = std::time::SystemTime::now() - std::time::Duration::from_secs(1000);
     for (i, k) in keys.iter().enumerate() {
@@ -309,7 +316,7 @@ fn eviction_is_lru_and_spares_mapped_and_pinned_artifacts() {
 
 #[test]
 fn source_identity_hashes_content_and_reuses_a_hash_only_for_an_unchanged_file() {
-    let dir = tempdir("source");
+    let (_scratch, dir) = tempdir("source");
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("model.safetensors");
     std::fs::write(&f, b"weights v1").unwrap();
@@ -371,7 +378,8 @@ fn source_identity_hashes_content_and_reuses_a_hash_only_for_an_unchanged_file()
 
 #[test]
 fn a_capped_store_evicts_older_artifacts_after_a_write_but_never_the_new_one() {
-    let store = ArtifactStore::new(tempdir("cap")).with_cap(1);
+    let (_scratch, store_dir) = tempdir("cap");
+    let store = ArtifactStore::new(store_dir).with_cap(1);
     let a = a_key("cap-a");
     drop(store.store(&a, &sections()).unwrap());
     let b = a_key("cap-b");
@@ -387,7 +395,8 @@ fn a_capped_store_evicts_older_artifacts_after_a_write_but_never_the_new_one() {
 #[test]
 fn artifacts_are_read_only_and_a_renamed_section_is_refused() {
     use std::os::unix::fs::PermissionsExt;
-    let store = ArtifactStore::new(tempdir("renamed-section"));
+    let (_scratch, store_dir) = tempdir("renamed-section");
+    let store = ArtifactStore::new(store_dir);
     let key = a_key("s");
     let sections = vec![("layer.0".to_string(), vec![1u8; 300]), ("layer.1".to_string(), vec![2u8; 300])];
     drop(store.store(&key, &sections).unwrap());
@@ -410,7 +419,8 @@ fn artifacts_are_read_only_and_a_renamed_section_is_refused() {
 #[test]
 fn only_dead_writers_temporaries_are_removed_and_live_ones_count() {
     use std::os::fd::AsRawFd;
-    let store = ArtifactStore::new(tempdir("temporaries"));
+    let (_scratch, store_dir) = tempdir("temporaries");
+    let store = ArtifactStore::new(store_dir);
     std::fs::create_dir_all(store.dir()).unwrap();
     let hash = "ab".repeat(32);
     let dead = store.dir().join(format!(".{hash}.4242.7.tmp"));
@@ -455,7 +465,8 @@ fn only_dead_writers_temporaries_are_removed_and_live_ones_count() {
 #[test]
 fn locks_are_waited_on_with_a_timeout_and_fifos_never_block() {
     use std::os::fd::AsRawFd;
-    let store = ArtifactStore::new(tempdir("lock-fifo"));
+    let (_scratch, store_dir) = tempdir("lock-fifo");
+    let store = ArtifactStore::new(store_dir);
     let key = a_key("l");
     drop(store.store(&key, &sections()).unwrap());
     let path = artifact_path(&store, &key);
@@ -502,7 +513,7 @@ fn a_mapped_artifact_truncated_underneath_ends_the_process_with_a_message() {
         println!("read {sum} without a fault");
         return;
     }
-    let dir = tempdir("sigbus");
+    let (_scratch, dir) = tempdir("sigbus");
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "a_mapped_artifact_truncated_underneath_ends_the_process_with_a_message", "--nocapture"])
         .env(CHILD, &dir)

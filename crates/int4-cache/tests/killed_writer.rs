@@ -70,10 +70,9 @@ fn a_writer_killed_mid_write_leaves_nothing_that_is_used() {
         write_until_killed(Path::new(&dir), round.parse().unwrap());
         return;
     }
-    let dir = std::env::temp_dir().join(format!("int4-killed-writer-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = ArtifactStore::new(&dir);
+    let scratch = tempfile::Builder::new().prefix("int4-killed-writer-").tempdir().unwrap();
+    let dir = scratch.path();
+    let store = ArtifactStore::new(dir);
     let exe = std::env::current_exe().unwrap();
     let (mut torn, mut complete) = (0, 0);
     // At least ROUNDS kills; on a loaded machine, where a kill more often lands between two writes, more
@@ -82,7 +81,7 @@ fn a_writer_killed_mid_write_leaves_nothing_that_is_used() {
     while round < ROUNDS || (torn < ROUNDS / 2 && round < 4 * ROUNDS) {
         let mut child = Command::new(&exe)
             .args(["--exact", "a_writer_killed_mid_write_leaves_nothing_that_is_used", "--test-threads", "1"])
-            .env(CHILD_DIR, &dir)
+            .env(CHILD_DIR, dir)
             .env(CHILD_ROUND, round.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -91,8 +90,8 @@ fn a_writer_killed_mid_write_leaves_nothing_that_is_used() {
         // Wait until the writer is inside its first write, then let it run on for a different while in
         // each round (0–72 ms: within the first write, or some writes later).
         let start = Instant::now();
-        let before = temporaries(&dir).len();
-        while temporaries(&dir).len() == before && start.elapsed() < Duration::from_secs(60) {
+        let before = temporaries(dir).len();
+        while temporaries(dir).len() == before && start.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_micros(200));
         }
         std::thread::sleep(Duration::from_millis((round % ROUNDS) * 8));
@@ -112,7 +111,7 @@ fn a_writer_killed_mid_write_leaves_nothing_that_is_used() {
                 Lookup::Invalid(why) => panic!("round {round}: key {id} left a damaged artifact: {why}"),
             }
         }
-        if !temporaries(&dir).is_empty() {
+        if !temporaries(dir).is_empty() {
             torn += 1;
         }
         // The next writer of the key that was being written when the writer died succeeds.
@@ -132,7 +131,6 @@ fn a_writer_killed_mid_write_leaves_nothing_that_is_used() {
     assert_eq!(verified.len(), complete + round as usize);
     // The killed writers' temporaries were never taken for artifacts; the writes that followed each kill
     // removed them (a dead writer's lock is gone), so none is left.
-    assert!(temporaries(&dir).is_empty(), "dead writers' temporaries were not removed: {:?}", temporaries(&dir));
+    assert!(temporaries(dir).is_empty(), "dead writers' temporaries were not removed: {:?}", temporaries(dir));
     eprintln!("killed {round} writers: {torn} mid-write, {complete} artifacts finished before the kill, all whole");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,12 +4,12 @@
 //! and each bad input gives its documented error.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use int4::layout::GroupSize;
 use int4::{Engine, KvType, LoadOptions, RunPath};
 use int4_quant::eval::{EvalError, EvalErrorKind, EvalReport, evaluate, evaluate_from, read_text};
-use int4_test_support::{Rng, tiny_model};
+use int4_test_support::{Rng, TempDir, tiny_model};
 use safetensors::tensor::{Dtype, TensorView};
 
 fn load(dir: &Path, path: RunPath, group: GroupSize) -> Engine {
@@ -29,10 +29,8 @@ fn words(n: usize, seed: u64) -> String {
 }
 
 /// A fresh directory holding `files` (name, text).
-fn text_dir(name: &str, files: &[(&str, String)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("int4-eval-text-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+fn text_dir(name: &str, files: &[(&str, String)]) -> TempDir {
+    let dir = TempDir::new(&format!("eval-text-{name}"));
     for (f, t) in files {
         std::fs::write(dir.join(f), t).unwrap();
     }

@@ -1,7 +1,7 @@
 //! `int4 quantize --method gptq`: the GPTQ solver against a plain reference, its relation to round to
 //! nearest, its determinism, an end-to-end export of the tiny model, and its errors.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use int4::{Engine, LoadOptions, RunPath};
 use int4_layout::GroupSize;
@@ -10,7 +10,7 @@ use int4_quant::export::{
     ExportFormat, Method, QuantizeError, QuantizeErrorKind, QuantizeOptions, quantize_checkpoint,
 };
 use int4_quant::gptq_method::{self, GptqErrorKind, GptqOptions, GridKind, GridSpec, Hessian, Prepared, QuantMatrix};
-use int4_test_support::{tiny_model, tiny_model_with};
+use int4_test_support::{TempDir, tiny_model, tiny_model_with};
 
 struct Rng(u64);
 impl Rng {
@@ -218,15 +218,13 @@ fn deterministic_across_thread_counts() {
     assert_eq!(a.3, b.3, "output error differs");
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("int4-gptq-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+fn scratch(name: &str) -> TempDir {
+    TempDir::unmade(&format!("gptq-{name}"))
 }
 
 /// Calibration text for the tiny model's word-level tokenizer (`w0` … `w95`).
-fn calib_file(name: &str, words: usize) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("int4-gptq-{}-{name}.txt", std::process::id()));
+fn calib_file(name: &str, words: usize) -> TempDir {
+    let path = TempDir::unmade(&format!("gptq-{name}.txt"));
     let mut rng = Rng(77);
     let text: Vec<String> = (0..words).map(|_| format!("w{}", ((rng.uniform() + 0.5) * 95.0) as usize % 96)).collect();
     std::fs::write(&path, text.join(" ")).unwrap();
@@ -330,7 +328,7 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(gptq_kind(&e), GptqErrorKind::CalibrationFile(_)), "{e}");
     assert!(e.to_string().contains("character device"), "{e}");
 
-    let empty = std::env::temp_dir().join(format!("int4-gptq-{}-empty.txt", std::process::id()));
+    let empty = TempDir::unmade("gptq-empty.txt");
     std::fs::write(&empty, "  \n\n ").unwrap();
     let e = gptq_err(run(&gptq_opts(ExportFormat::Gptq, false, Some(&empty))));
     assert!(matches!(gptq_kind(&e), GptqErrorKind::CalibrationEmpty { .. }), "{e}");

@@ -7,14 +7,14 @@
 //! errors are checked as stored.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use int4::{Checkpoint, Engine, IntegerZeros, LoadOptions, QuantFormat, RunPath, read_linear};
 use int4_layout::GroupSize;
 use int4_layout::gptq::{self, ZeroFormat};
 use int4_layout::grid::{ParamPrecision, ScaleSearch, quantize_integer_zero};
 use int4_quant::export::{ExportFormat, QuantizeErrorKind, QuantizeOptions, QuantizeReport, quantize_checkpoint};
-use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
+use int4_test_support::{CONFIG, TempDir, tiny_model, tiny_model_with};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::Value;
 
@@ -23,17 +23,15 @@ const PROMPT: [u32; 12] = [1, 17, 33, 5, 90, 44, 12, 61, 7, 3, 80, 29];
 /// `name → (dtype, shape, bytes)` of a safetensors file.
 type Tensors = HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("int4-qw-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+fn scratch(name: &str) -> TempDir {
+    TempDir::unmade(&format!("qw-{name}"))
 }
 
 fn opts(format: ExportFormat, asym: bool, group: GroupSize) -> QuantizeOptions {
     QuantizeOptions { asym, group, ..QuantizeOptions::new(format) }
 }
 
-fn export(src: &Path, name: &str, o: &QuantizeOptions) -> (PathBuf, QuantizeReport) {
+fn export(src: &Path, name: &str, o: &QuantizeOptions) -> (TempDir, QuantizeReport) {
     let out = scratch(name);
     let report = quantize_checkpoint(src, &out, o, None).unwrap_or_else(|e| panic!("{name}: {e}"));
     (out, report)
@@ -127,7 +125,7 @@ fn decode_gptq(t: &Tensors, p: &str, n: usize, k: usize, g_len: usize, v1: bool)
 /// The export decoded into a plain f32 checkpoint (every quantized layer as `<p>.weight`, everything else
 /// as f32), with the export's config less its `quantization_config`. Returns the directory and the decoded
 /// layers.
-fn dequantized_checkpoint(out: &Path, name: &str, g_len: usize) -> (PathBuf, HashMap<String, Vec<f32>>) {
+fn dequantized_checkpoint(out: &Path, name: &str, g_len: usize) -> (TempDir, HashMap<String, Vec<f32>>) {
     let t = read_tensors(out);
     let cfg = config(out);
     let qc = &cfg["quantization_config"];
@@ -181,7 +179,7 @@ fn snr(src: &[f32], got: &[f32]) -> Option<f64> {
 }
 
 /// The tiny model re-stored as bf16 in two shards (with an index), plus the side files an HF directory has.
-fn bf16_sharded(name: &str) -> PathBuf {
+fn bf16_sharded(name: &str) -> TempDir {
     let src = tiny_model(&format!("{name}-f32"));
     let ckpt = Checkpoint::open(&src).unwrap();
     let dir = scratch(name);
@@ -462,7 +460,7 @@ fn ignored_layers_are_copied_as_stored() {
 }
 
 /// A model with `vocab_size` and `intermediate_size` of our choosing (the tiny model's other tensors).
-fn odd_model(name: &str, vocab: usize, inter: usize) -> PathBuf {
+fn odd_model(name: &str, vocab: usize, inter: usize) -> TempDir {
     let src = tiny_model(&format!("{name}-base"));
     let ckpt = Checkpoint::open(&src).unwrap();
     let dir = scratch(name);

@@ -2,6 +2,8 @@
 //!
 //! * [`tiny_model`] — a tiny random Llama checkpoint, written by the test into a temporary directory,
 //!   with a word-level tokenizer so the whole engine (not only the model) can load it;
+//! * [`TempDir`] — a directory of the test's own under the system's temporary directory, removed when
+//!   dropped (a run of the suite writes hundreds of model directories, caches and outputs);
 //! * [`default_model_or_skip!`] — the converted default model, or a skip that is printed, recorded for
 //!   `cargo xtask ci` to report, and refused under `CI=true`;
 //! * [`fuzz`] — bounded mutation fuzzing of loaders on the stable toolchain;
@@ -14,7 +16,8 @@ pub mod fuzz;
 pub mod gguf;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -43,15 +46,76 @@ pub const CONFIG: &str = r#"{
   "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"
 }"#;
 
-/// Writes a tiny random checkpoint and returns its directory.
-pub fn tiny_model(name: &str) -> PathBuf {
+/// A directory of the caller's own under the system's temporary directory, named `int4-{name}-` and a
+/// random suffix (so tests running at once never share one), removed with everything in it when
+/// dropped. It derefs to its path: the directory itself ([`TempDir::new`]), or a path inside it that
+/// nothing holds yet ([`TempDir::unmade`]), for code that must make its output itself and leave nothing
+/// beside it.
+#[derive(Debug)]
+pub struct TempDir {
+    root: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// A new, empty directory.
+    ///
+    /// # Panics
+    /// If the directory cannot be made.
+    pub fn new(name: &str) -> Self {
+        let root = tempfile::Builder::new()
+            .prefix(&format!("int4-{name}-"))
+            .tempdir()
+            .unwrap_or_else(|e| panic!("making a temporary directory for {name}: {e}"));
+        let path = root.path().to_path_buf();
+        TempDir { root, path }
+    }
+
+    /// A path, `{name}` inside a new, empty directory, that nothing holds yet.
+    ///
+    /// # Panics
+    /// If the directory cannot be made.
+    pub fn unmade(name: &str) -> Self {
+        let mut dir = TempDir::new(name);
+        dir.path = dir.root.path().join(name);
+        dir
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Writes a tiny random checkpoint into a directory of its own, removed when the result is dropped.
+pub fn tiny_model(name: &str) -> TempDir {
     tiny_model_with(name, |_, w| w)
 }
 
 /// The same, with `edit(name, values)` applied to every 2-D weight.
-pub fn tiny_model_with(name: &str, edit: impl Fn(&str, Vec<f32>) -> Vec<f32>) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("int4-tiny-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+pub fn tiny_model_with(name: &str, edit: impl Fn(&str, Vec<f32>) -> Vec<f32>) -> TempDir {
+    let dir = TempDir::new(&format!("tiny-{name}"));
+    write_tiny_model(&dir, edit);
+    dir
+}
+
+/// Writes the tiny checkpoint, `edit(name, values)` applied to every 2-D weight, into `dir` (made if
+/// missing), over any files of the same names: for tests that change a checkpoint in place.
+pub fn write_tiny_model(dir: &Path, edit: impl Fn(&str, Vec<f32>) -> Vec<f32>) {
+    std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("config.json"), CONFIG).unwrap();
     let (h, inter, hd, nh, nkv, vocab) = (64usize, 160usize, 16usize, 4usize, 2usize, 96usize);
     let mut rng = Rng(0x1234_5678_9abc_def1);
@@ -90,7 +154,6 @@ pub fn tiny_model_with(name: &str, edit: impl Fn(&str, Vec<f32>) -> Vec<f32>) ->
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
     });
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    dir
 }
 
 /// The converted default model, or `None` with the skip printed and appended to `skips` (a failure

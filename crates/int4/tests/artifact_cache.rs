@@ -3,19 +3,17 @@
 //! the checkpoint's contents and the quantization; a damaged artifact is rebuilt and an unusable cache
 //! runs uncached, each with a warning; `cache: None` writes nothing.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use int4::cache::ArtifactStore;
 use int4::layout::GroupSize;
 use int4::{Engine, LoadOptions, PackedFrom, RunPath};
-use int4_test_support::{tiny_model, tiny_model_with};
+use int4_test_support::{TempDir, tiny_model, write_tiny_model};
 
 const PROMPT: [u32; 12] = [1, 17, 33, 5, 90, 44, 12, 61, 7, 3, 80, 29];
 
-fn store_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("int4-engine-cache-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn store_dir(name: &str) -> TempDir {
+    TempDir::unmade(&format!("engine-cache-{name}"))
 }
 
 fn load(model: &Path, path: RunPath, group: GroupSize, cache: Option<&Path>) -> Engine {
@@ -56,7 +54,7 @@ fn cold_and_warm_loads_compute_exactly_what_an_uncached_load_does() {
         assert_eq!(logits(&cold), want, "{path:?}: cold load differs from uncached");
         assert_eq!(logits(&warm), want, "{path:?}: warm load differs from uncached");
         assert_eq!(artifacts(&dir), 1);
-        assert!(ArtifactStore::new(&dir).verify().iter().all(|(_, r)| r.is_ok()));
+        assert!(ArtifactStore::new(dir.path()).verify().iter().all(|(_, r)| r.is_ok()));
     }
 }
 
@@ -70,13 +68,12 @@ fn the_key_follows_the_checkpoint_contents_and_the_group_size() {
     assert!(matches!(other_group.packed_from, PackedFrom::Built(_)), "another group size reused an artifact");
     assert_eq!(artifacts(&dir), 2);
     // The same directory with one weight changed: a new key, and the new weights are what runs.
-    let edited = tiny_model_with("cache-key", |name, mut w| {
+    write_tiny_model(&model, |name, mut w| {
         if name.ends_with("layers.1.mlp.down_proj.weight") {
             w[7] += 3.0;
         }
         w
     });
-    assert_eq!(edited, model);
     let after = load(&model, RunPath::W4a16, GroupSize::G32, Some(&dir));
     assert!(matches!(after.packed_from, PackedFrom::Built(_)), "an edited checkpoint reused the old artifact");
     assert_ne!(logits(&after), logits(&first));
@@ -124,7 +121,7 @@ fn writable(path: &Path) -> &Path {
 /// The tiny model with a head of its own (`lm_head.weight`, unlike the embedding) and `config.json`
 /// rewritten by `edit`; the weights file is `weights` itself through a symlink when given (as a hub
 /// snapshot links its files into one blob store), else written here.
-fn model_with_head(name: &str, weights: Option<&Path>, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+fn model_with_head(name: &str, weights: Option<&Path>, edit: impl Fn(&mut serde_json::Value)) -> TempDir {
     let base = tiny_model("cache-head-base");
     let dir = store_dir(&format!("model-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -221,7 +218,7 @@ fn a_checkpoint_rewritten_with_its_old_mtime_is_not_served_the_old_artifact() {
         (m.len(), m.modified().unwrap())
     };
     std::thread::sleep(std::time::Duration::from_millis(20));
-    tiny_model_with("cache-same-mtime", |name, mut w| {
+    write_tiny_model(&model, |name, mut w| {
         if name.ends_with("layers.0.self_attn.q_proj.weight") {
             w[3] -= 2.0;
         }

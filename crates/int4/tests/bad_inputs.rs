@@ -2,10 +2,10 @@
 //! give an error (or, where noted, a warning) containing the words the table quotes — never a panic and
 //! never a silently wrong answer. Keep the two in step.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use int4::{Engine, GenerationRequest, LoadOptions, Prompt, RunPath};
-use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
+use int4_test_support::{CONFIG, TempDir, tiny_model, tiny_model_with};
 
 fn opts(path: RunPath) -> LoadOptions {
     LoadOptions { path, context: 16, cache: None, ..LoadOptions::default() }
@@ -19,7 +19,7 @@ fn load_err(dir: &Path, path: RunPath) -> String {
 }
 
 /// A copy of the tiny model with `config.json` edited.
-fn with_config(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+fn with_config(name: &str, edit: impl Fn(&mut serde_json::Value)) -> TempDir {
     let dir = tiny_model(name);
     let mut cfg: serde_json::Value = serde_json::from_str(CONFIG).unwrap();
     edit(&mut cfg);
@@ -28,7 +28,7 @@ fn with_config(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
 }
 
 /// A copy of the tiny model whose safetensors header says `from` where it said `to`.
-fn with_header_edit(name: &str, from: &str, to: &str) -> PathBuf {
+fn with_header_edit(name: &str, from: &str, to: &str) -> TempDir {
     let dir = tiny_model(name);
     let p = dir.join("model.safetensors");
     let bytes = std::fs::read(&p).unwrap();
@@ -192,8 +192,7 @@ fn a_vocabulary_not_a_multiple_of_16_is_padded_and_dropped() {
     use safetensors::tensor::{Dtype, TensorView};
     let src = tiny_model("bad-vocab-src");
     let ckpt = Checkpoint::open(&src).unwrap();
-    let dir = std::env::temp_dir().join(format!("int4-bad-{}-vocab90", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("bad-vocab90");
     let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = ckpt
         .tensors()
         .into_iter()

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use int4::Checkpoint;
 use int4::cache::ArtifactStore;
@@ -16,7 +16,7 @@ use int4::layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quant
 use int4::layout::{GroupSize, gptq, rowmajor};
 use int4::{Engine, LoadOptions, PackedFrom, RunPath};
 use int4_test_support::fuzz::{Edit, apply, cases, edits, run};
-use int4_test_support::tiny_model;
+use int4_test_support::{TempDir, tiny_model};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use safetensors::tensor::{Dtype, TensorView};
@@ -36,11 +36,8 @@ fn load_and_run(dir: &Path, o: &LoadOptions) -> Result<Option<Engine>, ()> {
     .map_err(|_| ())
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("int4-fuzz-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn scratch(name: &str) -> TempDir {
+    TempDir::new(&format!("fuzz-{name}"))
 }
 
 /// Copies the model directory `src` to `dst` with `file` replaced by `bytes`.
@@ -108,7 +105,7 @@ fn mutated_configs_never_panic() {
 }
 
 /// The tiny model with every linear stored quantized (`cpu_int4` or symmetric GPTQ v1), unfused names.
-fn quantized_tiny(name: &str, gptq_format: bool) -> PathBuf {
+fn quantized_tiny(name: &str, gptq_format: bool) -> TempDir {
     let src = tiny_model(&format!("fuzz-q-{name}"));
     let ckpt = Checkpoint::open(&src).unwrap();
     let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -200,7 +197,7 @@ fn mutated_artifacts_never_panic_and_verify_flags_every_change() {
         let mutated = apply(&original, e);
         std::fs::write(&file, &mutated).unwrap();
         let changed = mutated != original;
-        if changed && ArtifactStore::new(&cache).verify().iter().all(|(_, r)| r.is_ok()) {
+        if changed && ArtifactStore::new(cache.path()).verify().iter().all(|(_, r)| r.is_ok()) {
             return Err(format!("verify passed an artifact changed by {e:?}"));
         }
         load_and_run(&src, &opts(RunPath::W4a16, Some(&cache))).map_err(|_| format!("panicked on {e:?}"))?;

@@ -5,7 +5,7 @@
 //! of the file's f32 expansion bit for bit, the artifact cache keys a GGUF by its bytes, and a GGUF is
 //! found in a directory or in a Hugging Face cache by repo id.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use int4::cache::ArtifactStore;
 use int4::select::policy::CheckpointKind;
@@ -13,13 +13,11 @@ use int4::{
     Checkpoint, Engine, GenerationRequest, LoadOptions, ModelConfig, ModelDir, PackedFrom, Prompt, QuantFormat,
     RunPath, TextCodec, linear_specs,
 };
+use int4_test_support::TempDir;
 use int4_test_support::gguf::{TinyGguf, tiny_llama, ty};
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("int4-gguf-models-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn scratch(name: &str) -> TempDir {
+    TempDir::new(&format!("gguf-models-{name}"))
 }
 
 /// Every layer and the embedding in one type.

@@ -7,7 +7,7 @@
 //! within their error budget (the codes packed as they are, act-order applied to the activations).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use int4::Checkpoint;
 use int4::cache::ArtifactStore;
@@ -15,7 +15,7 @@ use int4::layout::gptq::{self, ZeroFormat};
 use int4::layout::grid::{ParamPrecision, ScaleSearch, quantize_asymmetric, quantize_integer_zero, quantize_symmetric};
 use int4::layout::{GroupSize, rowmajor};
 use int4::{Engine, KvType, LoadOptions, PackedFrom, RunPath};
-use int4_test_support::{CONFIG, tiny_model};
+use int4_test_support::{CONFIG, TempDir, tiny_model};
 use safetensors::tensor::{Dtype, TensorView};
 
 const PROMPT: [u32; 12] = [1, 17, 33, 5, 90, 44, 12, 61, 7, 3, 80, 29];
@@ -150,7 +150,7 @@ fn write(dir: &Path, config: &serde_json::Value, tensors: &[Tensor], tokenizer_f
 
 /// The tiny model quantized in `format` (untied head, quantized too unless `tied`), and the same weights
 /// dequantized as a plain f32 checkpoint.
-fn checkpoints(name: &str, format: Format, tied: bool) -> (PathBuf, PathBuf) {
+fn checkpoints(name: &str, format: Format, tied: bool) -> (TempDir, TempDir) {
     let src = tiny_model(&format!("q-src-{name}"));
     let ckpt = Checkpoint::open(&src).unwrap();
     let (h, inter, vocab) = (64usize, 160usize, 96usize);
@@ -194,7 +194,7 @@ fn checkpoints(name: &str, format: Format, tied: bool) -> (PathBuf, PathBuf) {
     }
     let mut config: serde_json::Value = serde_json::from_str(CONFIG).unwrap();
     config["tie_word_embeddings"] = tied.into();
-    let plain_dir = std::env::temp_dir().join(format!("int4-q-{}-{name}-plain", std::process::id()));
+    let plain_dir = TempDir::new(&format!("q-{name}-plain"));
     write(&plain_dir, &config, &plain, &src);
     config["quantization_config"] = match format {
         Format::GptqSymV1 => serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": true,
@@ -207,7 +207,7 @@ fn checkpoints(name: &str, format: Format, tied: bool) -> (PathBuf, PathBuf) {
             "version": "gemm"}),
         Format::CpuInt4 => serde_json::json!({"quant_method": "cpu_int4", "bits": 4, "group_size": 32}),
     };
-    let quant_dir = std::env::temp_dir().join(format!("int4-q-{}-{name}-quant", std::process::id()));
+    let quant_dir = TempDir::new(&format!("q-{name}-quant"));
     write(&quant_dir, &config, &quant, &src);
     (quant_dir, plain_dir)
 }
@@ -284,8 +284,7 @@ fn quantized_checkpoints_run_w4a8_on_their_stored_codes() {
         println!("{format:?}: W4A8 logits SNR {snr:.1} dB against f32");
         // Two layers of int8 activations (about 40 dB each on Gaussian-like rows, less with outliers).
         assert!(snr > 25.0, "{format:?}: W4A8 logits SNR {snr:.1} dB against f32");
-        let dir = std::env::temp_dir().join(format!("int4-q-{}-w4a8-cache-{format:?}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = TempDir::new(&format!("q-w4a8-cache-{format:?}"));
         let (cold, warm) = (engine(&quant, RunPath::W4a8, Some(&dir)), engine(&quant, RunPath::W4a8, Some(&dir)));
         assert!(matches!(warm.packed_from, PackedFrom::Cache(_)), "{:?}", warm.packed_from);
         assert_eq!(logits(&cold), got);
@@ -314,8 +313,7 @@ fn a_tied_unquantized_head_is_quantized_at_load_with_a_warning_and_act_order_sur
     let (quant, _) = checkpoints("tied", Format::GptqActOrder, true);
     let e = engine(&quant, RunPath::W4a16, None);
     assert!(e.warnings.iter().any(|w| w.contains("lm_head") && w.contains("quantized at load")), "{:?}", e.warnings);
-    let dir = std::env::temp_dir().join(format!("int4-q-{}-cache", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = TempDir::new("q-cache");
     let cold = engine(&quant, RunPath::W4a16, Some(&dir));
     let warm = engine(&quant, RunPath::W4a16, Some(&dir));
     assert!(matches!(cold.packed_from, PackedFrom::Built(_)) && matches!(warm.packed_from, PackedFrom::Cache(_)));

@@ -10,7 +10,7 @@ use int4::kernels::w4a16::W4A16Config;
 use int4::layout::GroupSize;
 use int4::layout::tinygemm::TinygemmBlock;
 use int4::{Checkpoint, HeadBits, Model, ModelConfig, Numerics, argmax};
-use int4_test_support::{CONFIG, tiny_model, tiny_model_with};
+use int4_test_support::{CONFIG, TempDir, tiny_model, tiny_model_with};
 
 fn load(dir: &Path, numerics: Numerics) -> Model {
     let cfg = ModelConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
@@ -261,8 +261,7 @@ fn sharded_checkpoints_and_generation_config_eos() {
     use int4::{Engine, LoadOptions, RunPath};
     let single = tiny_model("shards-single");
     let ckpt = Checkpoint::open(&single).unwrap();
-    let dir = std::env::temp_dir().join(format!("int4-tiny-{}-sharded", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("tiny-sharded");
     for f in ["config.json", "tokenizer.json"] {
         std::fs::copy(single.join(f), dir.join(f)).unwrap();
     }
@@ -308,9 +307,7 @@ fn sharded_checkpoints_and_generation_config_eos() {
 /// before anything is opened.
 #[test]
 fn sharded_checkpoints_read_each_tensor_from_its_named_shard() {
-    let dir = std::env::temp_dir().join(format!("int4-tiny-{}-shard-map", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("tiny-shard-map");
     let write = |file: &str, value: f32| {
         let data: Vec<u8> = [value; 4].iter().flat_map(|x| x.to_le_bytes()).collect();
         let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &data).unwrap();
