@@ -185,8 +185,7 @@ impl DenseLinear {
             }
         };
         gemm::panel_gemm(loops, None, x, m, k, &mut tiles, &produce);
-        let channels: Vec<[u32; 16]> = (0..lanes).map(|lg| std::array::from_fn(|j| (lg * 16 + j) as u32)).collect();
-        gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+        gemm::scatter(&tiles, m, &gemm::ScatterPlan::in_order(n), self.bias.as_deref(), out);
         gemm::keep_tiles(tiles);
     }
 }

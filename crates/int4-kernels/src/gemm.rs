@@ -431,54 +431,129 @@ fn avx2_microkernel(_tok: Avx2Fma, mr: usize, kc: usize, a: &[f32], lda: usize, 
     portable::gemm_microkernel(mr, kc, a, lda, panel, tile)
 }
 
-/// Writes lane-group tiles into the row-major output `[M][N]`, adding the bias: `out[r][ch] = tile[r][j] +
-/// bias[ch]` for each lane `j` whose channel `ch = channels[lg][j]` is below `n`. From
-/// [`PARALLEL_SCATTER_FLOATS`] outputs, bands of [`SCATTER_BAND_ROWS`] rows are split over the pool (a
-/// prefill's `M × N`; on one thread the scatter is the serial part of a many-core prompt). Within a band
-/// each tile is read as one run of its rows, as the serial order reads it.
-pub(crate) fn scatter(
-    tiles: &[f32],
-    m: usize,
-    channels: &[[u32; 16]],
+/// Where each lane of a lane-group tile lands in a row-major output `[M][N]`: lane `j` of lane group `lg`
+/// is channel `channels[lg][j]`, dropped where that is `n` or more (a last block's padding). Built once per
+/// layer (a decode scatters every call, and its lanes never change): a lane group whose lanes are two runs
+/// of eight consecutive channels (every full tinygemm block's) is kept as the two runs' starts, so
+/// [`scatter`] copies each as one slice; any other goes lane by lane.
+#[derive(Clone, Debug)]
+pub(crate) struct ScatterPlan {
     n: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
+    lanes: Vec<LaneTarget>,
+    /// Whether every lane group `lg`'s channels lie in `64·(lg/4)..64·(lg/4) + 64`, so the tiles of each
+    /// four lane groups fill one 64-channel piece of an output row ([`ScatterPlan::quad_into`]).
+    quads_in_place: bool,
+}
+
+/// Where one lane group's sixteen lanes go: [`ScatterPlan`]'s entry.
+#[derive(Clone, Copy, Debug)]
+enum LaneTarget {
+    /// Lanes 0..8 are channels `starts[0]..starts[0] + 8`, lanes 8..16 `starts[1]..starts[1] + 8`, all
+    /// below `n`.
+    Runs([usize; 2]),
+    /// Lane `j` is channel `channels[j]`, dropped at `n` or more.
+    Lanes([u32; 16]),
+}
+
+impl ScatterPlan {
+    /// The plan for lane groups whose lanes hold `channels` (in lane-group order), into `n` channels.
+    pub(crate) fn new(channels: impl IntoIterator<Item = [u32; 16]>, n: usize) -> Self {
+        let run = |h: &[u32]| h.windows(2).all(|w| w[0].checked_add(1) == Some(w[1])) && (h[7] as usize) < n;
+        let lanes = channels
+            .into_iter()
+            .map(|map| {
+                if run(&map[..8]) && run(&map[8..]) {
+                    LaneTarget::Runs([map[0] as usize, map[8] as usize])
+                } else {
+                    LaneTarget::Lanes(map)
+                }
+            })
+            .collect::<Vec<_>>();
+        let channels = channels_of(&lanes, n);
+        let quads_in_place = channels.iter().enumerate().all(|(lg, chs)| chs.iter().all(|&c| c / 64 == lg / 4));
+        ScatterPlan { n, lanes, quads_in_place }
+    }
+
+    /// Lane groups `lg·16 + j` → channel `lg·16 + j`: a dense layer's.
+    pub(crate) fn in_order(n: usize) -> Self {
+        Self::new((0..n.div_ceil(16)).map(|lg| std::array::from_fn(|j| (lg * 16 + j) as u32)), n)
+    }
+
+    /// Whether [`ScatterPlan::quad_into`] may be used: each four lane groups' channels form one
+    /// 64-channel piece of the output.
+    pub(crate) fn quads_in_place(&self) -> bool {
+        self.quads_in_place
+    }
+
+    /// Writes the one-row tiles of lane groups `4q..4q + 4` (`tiles`: `[4][16]`, fewer for the last) into
+    /// `piece`, channels `64q..64q + piece.len()` of an output row, adding the bias: what [`scatter`]
+    /// writes there at M = 1.
+    ///
+    /// # Panics
+    /// Unless [`ScatterPlan::quads_in_place`], or if `piece` or `tiles` is shorter than the quad's lanes.
+    pub(crate) fn quad_into(&self, q: usize, tiles: &[f32], bias: Option<&[f32]>, piece: &mut [f32]) {
+        assert!(self.quads_in_place, "lane groups not in 64-channel pieces");
+        let c0 = 64 * q;
+        let quad = &self.lanes[4 * q..(4 * q + 4).min(self.lanes.len())];
+        for (target, t) in quad.iter().zip(tiles.chunks_exact(16)) {
+            write_lanes(target, t, self.n, bias, c0, piece);
+        }
+    }
+}
+
+/// The channels below `n` that each lane group's lanes hold.
+fn channels_of(lanes: &[LaneTarget], n: usize) -> Vec<Vec<usize>> {
+    lanes
+        .iter()
+        .map(|t| match t {
+            LaneTarget::Runs([a, b]) => (*a..a + 8).chain(*b..b + 8).collect(),
+            LaneTarget::Lanes(map) => map.iter().map(|&c| c as usize).filter(|&c| c < n).collect(),
+        })
+        .collect()
+}
+
+/// One lane group's row of sixteen values `t` into `row` (channels `c0..c0 + row.len()` of an output
+/// row of `n`), each plus its channel's bias (`+ 0.0` without one).
+#[inline]
+fn write_lanes(target: &LaneTarget, t: &[f32], n: usize, bias: Option<&[f32]>, c0: usize, row: &mut [f32]) {
+    match target {
+        LaneTarget::Runs(starts) => {
+            for (half, &c) in starts.iter().enumerate() {
+                let src = &t[8 * half..8 * half + 8];
+                let dst = &mut row[c - c0..c - c0 + 8];
+                match bias {
+                    Some(b) => dst.iter_mut().zip(src).zip(&b[c..c + 8]).for_each(|((o, &v), &b)| *o = v + b),
+                    None => dst.iter_mut().zip(src).for_each(|(o, &v)| *o = v + 0.0),
+                }
+            }
+        }
+        LaneTarget::Lanes(map) => {
+            for (&v, &ch) in t.iter().zip(map) {
+                let ch = ch as usize;
+                if ch < n {
+                    row[ch - c0] = v + bias.map_or(0.0, |b| b[ch]);
+                }
+            }
+        }
+    }
+}
+
+/// Writes lane-group tiles (`[lanes][m][16]`) into the row-major output `[M][N]` as `plan` maps them,
+/// adding the bias: `out[r][ch] = tile[r][j] + bias[ch]`. From [`PARALLEL_SCATTER_FLOATS`] outputs, bands
+/// of [`SCATTER_BAND_ROWS`] rows are split over the pool (a prefill's `M × N`; on one thread the scatter is
+/// the serial part of a many-core prompt). Within a band each tile is read as one run of its rows, as the
+/// serial order reads it.
+pub(crate) fn scatter(tiles: &[f32], m: usize, plan: &ScatterPlan, bias: Option<&[f32]>, out: &mut [f32]) {
+    let n = plan.n;
     if m == 0 || n == 0 {
         return;
     }
-    // Lane groups whose lanes are two runs of eight consecutive channels (every full tinygemm block's):
-    // each run is one slice copy. The others go lane by lane.
-    let runs: Vec<Option<[usize; 2]>> = channels
-        .iter()
-        .map(|map| {
-            let run = |h: &[u32]| h.windows(2).all(|w| w[0].checked_add(1) == Some(w[1])) && (h[7] as usize) < n;
-            (run(&map[..8]) && run(&map[8..])).then_some([map[0] as usize, map[8] as usize])
-        })
-        .collect();
-    let zeros = [0.0f32; 8];
     let band = |(band, rows): (usize, &mut [f32])| {
         let r0 = band * SCATTER_BAND_ROWS;
-        for (lg, map) in channels.iter().enumerate() {
+        for (lg, target) in plan.lanes.iter().enumerate() {
             let tile = &tiles[(lg * m + r0) * 16..];
-            if let Some(starts) = runs[lg] {
-                for (row, t) in rows.chunks_exact_mut(n).zip(tile.chunks_exact(16)) {
-                    for (half, &c) in starts.iter().enumerate() {
-                        let b = bias.map_or(&zeros[..], |b| &b[c..c + 8]);
-                        for ((o, &v), &b) in row[c..c + 8].iter_mut().zip(&t[8 * half..8 * half + 8]).zip(b) {
-                            *o = v + b;
-                        }
-                    }
-                }
-                continue;
-            }
             for (row, t) in rows.chunks_exact_mut(n).zip(tile.chunks_exact(16)) {
-                for (&v, &ch) in t.iter().zip(map) {
-                    let ch = ch as usize;
-                    if ch < n {
-                        row[ch] = v + bias.map_or(0.0, |b| b[ch]);
-                    }
-                }
+                write_lanes(target, t, n, bias, 0, row);
             }
         }
     };
@@ -569,9 +644,42 @@ mod tests {
                 }
                 assert_eq!(m * n >= PARALLEL_SCATTER_FLOATS, n == 2000, "both paths are run, with several bands");
                 let mut got = vec![f32::NAN; m * n];
-                scatter(&tiles, m, &channels, n, bias, &mut got);
+                scatter(&tiles, m, &ScatterPlan::new(channels.iter().copied(), n), bias, &mut got);
                 assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "M={m} N={n}");
             }
         }
+    }
+
+    /// At one row, each four lane groups' tiles written into their own 64-channel piece give what the
+    /// scatter writes, bias or not, -0.0 included, for the layouts whose quads are pieces; a plan whose
+    /// lanes cross a piece says so.
+    #[test]
+    fn quads_written_in_place_are_the_scatter_at_one_row() {
+        for block in [int4_layout::tinygemm::TinygemmBlock::N64, int4_layout::tinygemm::TinygemmBlock::N32] {
+            for n in [16usize, 48, 64, 96, 112, 576, 3072 + 48] {
+                let lanes = crate::w4a16::lane_groups(block, n, 8);
+                let plan = ScatterPlan::new(lanes.iter().map(|l| l.channels), n);
+                assert!(plan.quads_in_place(), "{block:?} N={n}");
+                let tiles: Vec<f32> = (0..lanes.len() * 16)
+                    .map(|i| if i % 7 == 3 { -0.0 } else { (i % 997) as f32 * 0.5 - 99.0 })
+                    .collect();
+                let bias: Vec<f32> = (0..n).map(|c| if c % 5 == 0 { 0.0 } else { c as f32 * 0.25 }).collect();
+                for bias in [None, Some(&bias[..])] {
+                    let mut want = vec![f32::NAN; n];
+                    scatter(&tiles, 1, &plan, bias, &mut want);
+                    let mut got = vec![f32::NAN; n];
+                    for (q, piece) in got.chunks_mut(64).enumerate() {
+                        let quad = &tiles[64 * q..(64 * q + 64).min(tiles.len())];
+                        plan.quad_into(q, quad, bias, piece);
+                    }
+                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{block:?} N={n}");
+                }
+            }
+        }
+        // Lane group 3's lanes moved to channels 64..80: its quad no longer fills channels 0..64 alone.
+        let mut channels: Vec<[u32; 16]> = (0..8).map(|lg| std::array::from_fn(|j| (lg * 16 + j) as u32)).collect();
+        channels.swap(3, 4);
+        assert!(!ScatterPlan::new(channels, 128).quads_in_place());
+        assert!(ScatterPlan::in_order(100).quads_in_place());
     }
 }

@@ -134,6 +134,8 @@ pub struct W4A16Weights {
     lanes: Vec<LaneGroup>,
     /// Per output channel: its lane group and lane.
     channel_lane: Vec<(u32, u8)>,
+    /// Where the lane groups' tiles land in `[M][N]` (from `lanes`).
+    scatter: gemm::ScatterPlan,
     halves: Option<SharedBytes>,
 }
 
@@ -222,7 +224,8 @@ impl W4A16Weights {
                 channel_lane[c as usize] = (lg as u32, j as u8);
             }
         }
-        Ok(W4A16Weights { n, k, group, block, packed, lane_params, lanes, channel_lane, halves })
+        let scatter = gemm::ScatterPlan::new(lanes.iter().map(|l| l.channels), n);
+        Ok(W4A16Weights { n, k, group, block, packed, lane_params, lanes, channel_lane, scatter, halves })
     }
 
     /// The lane-ordered parameters as little-endian f32 bytes: what an artifact stores beside the packed
@@ -483,7 +486,6 @@ impl W4A16Linear {
         }
         let g_len = w.group.len(k);
         let groups = w.group.groups(k);
-        let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
         match self.kernels.decode() {
             BoundKernel::W4a16DecodeAvx512Bf16(bt) => {
                 // The bf16 kernel's operands: activation pairs rounded to bf16, and their group sums.
@@ -491,23 +493,24 @@ impl W4A16Linear {
                 // The f32 kernel's group sums, unless the bf16 kernel takes every block (N a multiple of 64).
                 let xs = if n.is_multiple_of(64) { Vec::new() } else { portable::group_sums(x, m, k, g_len) };
                 let passes = Passes { rows, one_row_chains };
-                self.decode_avx512(bt.avx512(), Some((bt, &pairs, &sums)), x, m, passes, &xs, &mut tiles);
-                return self.finish(&tiles, m, out);
+                self.decode_avx512(bt.avx512(), Some((bt, &pairs, &sums)), x, m, passes, &xs, out);
+                return Ok(());
             }
             BoundKernel::W4a16DecodeAvx512(tok) => {
                 let xs = portable::group_sums(x, m, k, g_len);
-                self.decode_avx512(tok, None, x, m, Passes { rows, one_row_chains }, &xs, &mut tiles);
-                return self.finish(&tiles, m, out);
+                self.decode_avx512(tok, None, x, m, Passes { rows, one_row_chains }, &xs, out);
+                return Ok(());
             }
             BoundKernel::W4a16DecodeAvx2(tok) => {
                 let xs = portable::group_sums(x, m, k, g_len);
                 // Every AVX2 pass gives a row its one-row bits, so exact decodes take as many rows per pass.
-                self.decode_avx2_blocks(tok, x, m, DECODE_ROWS, &xs, &mut tiles);
-                return self.finish(&tiles, m, out);
+                self.decode_avx2_blocks(tok, x, m, DECODE_ROWS, &xs, out);
+                return Ok(());
             }
             BoundKernel::W4a16DecodePortable => {}
             other => return Err(wrong_family(other)),
         }
+        let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
         // The portable kernel computes each row on its own, so every pass gives a row its one-row bits.
         let rows = DECODE_ROWS;
         let xs = portable::group_sums(x, m, k, g_len);
@@ -528,10 +531,35 @@ impl W4A16Linear {
         self.finish(&tiles, m, out)
     }
 
+    /// Runs `task(first, count, chunk)` in parallel tasks of four lane groups and writes their tiles to
+    /// `out[m][n]`, adding the bias: `first` is a task's first lane group, `count` how many it holds (four,
+    /// but for the last), `chunk` their tiles (`[count][m][16]`). Tasks run at least ~64 K weights each, so
+    /// a small layer is not drowned in scheduling. At one row, where the layout puts each four lane groups'
+    /// channels in one 64-channel piece, a task writes its piece of `out` itself from tiles on its stack:
+    /// the calling thread then has no scatter left to do and never reads tiles another thread wrote.
+    fn four_lane_groups(&self, m: usize, out: &mut [f32], task: impl Fn(usize, usize, &mut [f32]) + Sync) {
+        let w = &self.weights;
+        let min_tasks = (65536 / (64 * w.k)).max(1);
+        let bias = self.bias.as_deref();
+        if m == 1 && w.scatter.quads_in_place() {
+            int4_team::for_each_chunk_mut(&mut out[..w.n], 64, min_tasks, |q, piece| {
+                let count = (w.lanes.len() - 4 * q).min(4);
+                let mut tiles = [0.0f32; 64];
+                task(4 * q, count, &mut tiles[..count * 16]);
+                w.scatter.quad_into(q, &tiles, bias, piece);
+            });
+            return;
+        }
+        let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
+        int4_team::for_each_chunk_mut(&mut tiles, 4 * m * 16, min_tasks, |q, chunk| {
+            task(4 * q, chunk.len() / (m * 16), chunk)
+        });
+        gemm::scatter(&tiles, m, &w.scatter, bias, out);
+    }
+
     /// Scatters the lane groups' tiles (`[lanes][m][16]`) to `out[m][n]`, adding the bias.
     fn finish(&self, tiles: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        let channels: Vec<[u32; 16]> = self.weights.lanes.iter().map(|l| l.channels).collect();
-        gemm::scatter(tiles, m, &channels, self.weights.n, self.bias.as_deref(), out);
+        gemm::scatter(tiles, m, &self.weights.scatter, self.bias.as_deref(), out);
         Ok(())
     }
 
@@ -565,7 +593,7 @@ impl W4A16Linear {
         m: usize,
         passes: Passes,
         xs: &[f32],
-        tiles: &mut [f32],
+        out: &mut [f32],
     ) {
         let Passes { rows, one_row_chains } = passes;
         let w = &self.weights;
@@ -577,7 +605,7 @@ impl W4A16Linear {
             let (a, b) = (&w.lanes[i], &w.lanes[i + 1]);
             b.offset == a.offset + 8 && b.stride == a.stride
         };
-        for_each_four_lane_groups(tiles, m, k, |first, count, chunk| {
+        self.four_lane_groups(m, out, |first, count, chunk| {
             let mut r0 = 0;
             while r0 < m {
                 let mr = rows.min(m - r0);
@@ -636,11 +664,11 @@ impl W4A16Linear {
     /// one-row bits, and `one_row_chains` costs nothing. Lane groups that share a stride (a task's two
     /// 32-channel blocks, or one 64-channel block) run side by side, as many as keep eight chains: four for
     /// one row, two for two, one for more.
-    fn decode_avx2_blocks(&self, tok: Avx2Fma, x: &[f32], m: usize, rows: usize, xs: &[f32], tiles: &mut [f32]) {
+    fn decode_avx2_blocks(&self, tok: Avx2Fma, x: &[f32], m: usize, rows: usize, xs: &[f32], out: &mut [f32]) {
         let w = &self.weights;
         let k = w.k;
         let (g_len, groups) = (w.group.len(k), w.group.groups(k));
-        for_each_four_lane_groups(tiles, m, k, |first, count, chunk| {
+        self.four_lane_groups(m, out, |first, count, chunk| {
             let mut r0 = 0;
             while r0 < m {
                 let mr = rows.min(m - r0);
@@ -752,7 +780,7 @@ impl W4A16Linear {
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         let w = &self.weights;
-        let (n, k) = (w.n, w.k);
+        let k = w.k;
         if !self.has_rows(x, m, out)? {
             return Ok(());
         }
@@ -792,8 +820,7 @@ impl W4A16Linear {
                 result
             })
             .map_err(KernelError::from)?;
-        let channels: Vec<[u32; 16]> = w.lanes.iter().map(|l| l.channels).collect();
-        gemm::scatter(&tiles, m, &channels, n, self.bias.as_deref(), out);
+        gemm::scatter(&tiles, m, &w.scatter, self.bias.as_deref(), out);
         gemm::keep_tiles(tiles);
         Ok(())
     }
@@ -863,17 +890,6 @@ fn halves_panel(h: &[u8], w: &W4A16Weights, lg: usize, k0: usize, k1: usize, pan
         }
         kk = end;
     }
-}
-
-/// Runs `task(first, count, chunk)` over `tiles` (`[lanes][m][16]`) in parallel tasks of four lane groups:
-/// `first` is a task's first lane group, `count` how many it holds (four, but for the last), `chunk` their
-/// tiles. Tasks run at least ~64 K weights each, so a small layer is not drowned in scheduling.
-fn for_each_four_lane_groups(tiles: &mut [f32], m: usize, k: usize, task: impl Fn(usize, usize, &mut [f32]) + Sync) {
-    let min_tasks = (65536 / (64 * k)).max(1);
-    int4_team::for_each_chunk_mut(tiles, 4 * m * 16, min_tasks, |t, chunk| {
-        let count = chunk.len() / (m * 16);
-        task(4 * t, count, chunk)
-    });
 }
 
 /// Calls the AVX2 decode of `rows.width` lane groups sharing `stride` ([`crate::x86_64::avx2::decode_lanes`])
@@ -1031,14 +1047,44 @@ fn bf16_pairs_and_sums(x: &[f32], m: usize, k: usize, g_len: usize) -> (Vec<u32>
     let mut sums = vec![0.0f32; m * groups];
     for (r, row) in x.chunks_exact(k).take(m).enumerate() {
         let (pairs, sums) = (&mut pairs[r * kp2..(r + 1) * kp2], &mut sums[r * groups..(r + 1) * groups]);
-        // Each value rounded once, stored in its pair and added to its group's sum in K order.
-        for (kk, &v) in row.iter().enumerate() {
-            let b = bf16::from_f32(v);
-            pairs[kk / 2] |= u32::from(b.to_bits()) << (16 * (kk % 2));
-            sums[kk / g_len] += b.to_f32();
+        // Each value rounded once, into its pair (an odd last channel paired with zero).
+        let whole = row.chunks_exact(2);
+        if let ([last], Some(pair)) = (whole.remainder(), pairs.last_mut()) {
+            *pair = bf16_bits(*last);
+        }
+        for (pair, two) in pairs.iter_mut().zip(whole) {
+            *pair = bf16_bits(two[0]) | bf16_bits(two[1]) << 16;
+        }
+        // Each group's sum of its rounded values, in K order from +0: eight groups at a time, their sums
+        // independent chains in registers.
+        let rounded = |kk: usize| f32::from_bits((pairs[kk / 2] >> (16 * (kk % 2))) << 16);
+        for (eight, sums) in sums.chunks_mut(8).enumerate() {
+            let mut acc = [0.0f32; 8];
+            for j in 0..g_len.min(k) {
+                for (t, a) in acc.iter_mut().enumerate().take(sums.len()) {
+                    let kk = (eight * 8 + t) * g_len + j;
+                    if kk < k {
+                        *a += rounded(kk);
+                    }
+                }
+            }
+            sums.copy_from_slice(&acc[..sums.len()]);
         }
     }
     (pairs, sums)
+}
+
+/// The bits of `v` rounded to bf16, to nearest with ties to even, in the low half: [`bf16::from_f32`]'s
+/// result (a NaN keeps its sign and top payload bits and is made quiet), written without branches so that
+/// a row's values round side by side.
+#[inline]
+fn bf16_bits(v: f32) -> u32 {
+    let x = v.to_bits();
+    let nan = (x & 0x7FFF_FFFF) > 0x7F80_0000;
+    // x + 0x7FFF + (lowest kept bit) carries into the kept half exactly when the dropped half is over
+    // 0x8000, or is 0x8000 and the kept half is odd; it cannot overflow, since x <= 0xFF80_0000 here.
+    let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
+    if nan { (x >> 16) | 0x0040 } else { rounded }
 }
 
 /// Calls the `vdpbf16ps` decode for one full 64-channel block after checking its ranges.
@@ -1115,6 +1161,52 @@ fn dequant_panel_avx2(
         // function touches for input channels k0..k1.
         unsafe {
             crate::x86_64::avx2::dequant_panel(bytes.as_ptr(), stride, sz.as_ptr(), k0, k1, g_len, panel.as_mut_ptr())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The branch-free rounding is `half`'s `bf16::from_f32` on every upper half with the lower halves
+    /// that decide a rounding (ties, one either side, zero, all ones) and some others: NaNs, infinities,
+    /// subnormals and carries into the exponent included.
+    #[test]
+    fn bf16_bits_rounds_as_half_does() {
+        let lows = [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x1234, 0xC000];
+        for hi in 0..=0xFFFFu32 {
+            for &lo in &lows {
+                let v = f32::from_bits(hi << 16 | lo);
+                assert_eq!(bf16_bits(v), u32::from(bf16::from_f32(v).to_bits()), "{:#010x}", hi << 16 | lo);
+            }
+        }
+    }
+
+    /// Pairs and group sums are their definition: each value rounded once, pair `p` holding channels
+    /// `2p` (low) and `2p + 1`, an odd last channel paired with zero, each group's rounded values summed
+    /// from +0 in K order; for K even and odd, groups that divide K and one group of all of K.
+    #[test]
+    fn bf16_pairs_and_sums_are_their_definition() {
+        for (m, k, g_len) in
+            [(1usize, 576usize, 32usize), (2, 96, 32), (3, 130, 64), (1, 33, 33), (2, 7, 7), (1, 200, 128)]
+        {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.0137 * if i % 11 == 0 { 1e-30 } else { 1.0 })
+                .collect();
+            let (pairs, sums) = bf16_pairs_and_sums(&x, m, k, g_len);
+            let (kp2, groups) = (k.div_ceil(2), k.div_ceil(g_len));
+            let mut want_pairs = vec![0u32; m * kp2];
+            let mut want_sums = vec![0.0f32; m * groups];
+            for r in 0..m {
+                for kk in 0..k {
+                    let b = bf16::from_f32(x[r * k + kk]);
+                    want_pairs[r * kp2 + kk / 2] |= u32::from(b.to_bits()) << (16 * (kk % 2));
+                    want_sums[r * groups + kk / g_len] += b.to_f32();
+                }
+            }
+            assert_eq!(pairs, want_pairs, "M={m} K={k} G={g_len}");
+            assert!(sums.iter().zip(&want_sums).all(|(a, b)| a.to_bits() == b.to_bits()), "M={m} K={k} G={g_len}");
         }
     }
 }
