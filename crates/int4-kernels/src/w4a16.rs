@@ -539,10 +539,10 @@ impl W4A16Linear {
     /// the calling thread then has no scatter left to do and never reads tiles another thread wrote.
     fn four_lane_groups(&self, m: usize, out: &mut [f32], task: impl Fn(usize, usize, &mut [f32]) + Sync) {
         let w = &self.weights;
-        let min_tasks = (65536 / (64 * w.k)).max(1);
+        let min_quads = (65536 / (64 * w.k)).max(1);
         let bias = self.bias.as_deref();
         if m == 1 && w.scatter.quads_in_place() {
-            int4_team::for_each_chunk_mut(&mut out[..w.n], 64, min_tasks, |q, piece| {
+            int4_team::for_each_chunk_mut(&mut out[..w.n], 64, min_quads, |q, piece| {
                 let count = (w.lanes.len() - 4 * q).min(4);
                 let mut tiles = [0.0f32; 64];
                 task(4 * q, count, &mut tiles[..count * 16]);
@@ -551,7 +551,7 @@ impl W4A16Linear {
             return;
         }
         let mut tiles = vec![0.0f32; w.lanes.len() * m * 16];
-        int4_team::for_each_chunk_mut(&mut tiles, 4 * m * 16, min_tasks, |q, chunk| {
+        int4_team::for_each_chunk_mut(&mut tiles, 4 * m * 16, min_quads, |q, chunk| {
             task(4 * q, chunk.len() / (m * 16), chunk)
         });
         gemm::scatter(&tiles, m, &w.scatter, bias, out);
@@ -578,9 +578,10 @@ impl W4A16Linear {
         }
     }
 
-    /// The AVX-512 decode into `tiles` (`[lanes][m][16]`), four lane groups per task: a full 64-channel
-    /// block's four side by side in one pass (each byte read once), else neighbours in pairs (a tinygemm
-    /// layout stores lane groups `h` and `h + 1` of a block side by side), else one alone.
+    /// The AVX-512 decode into `out` (`[m][n]`, through [`W4A16Linear::four_lane_groups`]), four lane
+    /// groups per task: a full 64-channel block's four side by side in one pass (each byte read once), else
+    /// neighbours in pairs (a tinygemm layout stores lane groups `h` and `h + 1` of a block side by side),
+    /// else one alone.
     ///
     /// With `bf16` (the token, activation pairs `[m][k/2]` and their bf16 group sums `[m][groups]`), each
     /// full 64-channel block runs the `vdpbf16ps` kernel instead, for up to four rows per pass.
@@ -659,9 +660,9 @@ impl W4A16Linear {
         });
     }
 
-    /// The AVX2 decode into `tiles` (`[lanes][m][16]`), four lane groups per task, every row on one FMA
-    /// chain per lane and half ([`crate::x86_64::avx2::decode_lanes`]): so every pass gives a row its
-    /// one-row bits, and `one_row_chains` costs nothing. Lane groups that share a stride (a task's two
+    /// The AVX2 decode into `out` (`[m][n]`, through [`W4A16Linear::four_lane_groups`]), four lane groups
+    /// per task, every row on one FMA chain per lane and half ([`crate::x86_64::avx2::decode_lanes`]): so
+    /// every pass gives a row its one-row bits, and `one_row_chains` costs nothing. Lane groups that share a stride (a task's two
     /// 32-channel blocks, or one 64-channel block) run side by side, as many as keep eight chains: four for
     /// one row, two for two, one for more.
     fn decode_avx2_blocks(&self, tok: Avx2Fma, x: &[f32], m: usize, rows: usize, xs: &[f32], out: &mut [f32]) {
@@ -1082,7 +1083,8 @@ fn bf16_bits(v: f32) -> u32 {
     let x = v.to_bits();
     let nan = (x & 0x7FFF_FFFF) > 0x7F80_0000;
     // x + 0x7FFF + (lowest kept bit) carries into the kept half exactly when the dropped half is over
-    // 0x8000, or is 0x8000 and the kept half is odd; it cannot overflow, since x <= 0xFF80_0000 here.
+    // 0x8000, or is 0x8000 and the kept half is odd; for a non-NaN x (at most 0xFF80_0000) it cannot
+    // overflow, and a NaN's wrapped sum is discarded.
     let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
     if nan { (x >> 16) | 0x0040 } else { rounded }
 }
@@ -1208,5 +1210,38 @@ mod tests {
             assert_eq!(pairs, want_pairs, "M={m} K={k} G={g_len}");
             assert!(sums.iter().zip(&want_sums).all(|(a, b)| a.to_bits() == b.to_bits()), "M={m} K={k} G={g_len}");
         }
+    }
+
+    /// At one row, each four lane groups' tiles written into their own 64-channel piece give what the
+    /// scatter writes, bias or not, -0.0 included, for the layouts whose quads are pieces; a plan whose
+    /// lanes cross a piece says so.
+    #[test]
+    fn quads_written_in_place_are_the_scatter_at_one_row() {
+        for block in [TinygemmBlock::N64, TinygemmBlock::N32] {
+            for n in [16usize, 48, 64, 96, 112, 576, 3072 + 48] {
+                let lanes = lane_groups(block, n, 8);
+                let plan = gemm::ScatterPlan::new(lanes.iter().map(|l| l.channels), n);
+                assert!(plan.quads_in_place(), "{block:?} N={n}");
+                let tiles: Vec<f32> = (0..lanes.len() * 16)
+                    .map(|i| if i % 7 == 3 { -0.0 } else { (i % 997) as f32 * 0.5 - 99.0 })
+                    .collect();
+                let bias: Vec<f32> = (0..n).map(|c| if c % 5 == 0 { 0.0 } else { c as f32 * 0.25 }).collect();
+                for bias in [None, Some(&bias[..])] {
+                    let mut want = vec![f32::NAN; n];
+                    gemm::scatter(&tiles, 1, &plan, bias, &mut want);
+                    let mut got = vec![f32::NAN; n];
+                    for (q, piece) in got.chunks_mut(64).enumerate() {
+                        let quad = &tiles[64 * q..(64 * q + 64).min(tiles.len())];
+                        plan.quad_into(q, quad, bias, piece);
+                    }
+                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{block:?} N={n}");
+                }
+            }
+        }
+        // Lane group 3's lanes moved to channels 64..80: its quad no longer fills channels 0..64 alone.
+        let mut channels: Vec<[u32; 16]> = (0..8).map(|lg| std::array::from_fn(|j| (lg * 16 + j) as u32)).collect();
+        channels.swap(3, 4);
+        assert!(!gemm::ScatterPlan::new(channels, 128).quads_in_place());
+        assert!(gemm::ScatterPlan::in_order(100).quads_in_place());
     }
 }
