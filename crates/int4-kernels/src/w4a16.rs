@@ -662,9 +662,9 @@ impl W4A16Linear {
 
     /// The AVX2 decode into `out` (`[m][n]`, through [`W4A16Linear::four_lane_groups`]), four lane groups
     /// per task, every row on one FMA chain per lane and half ([`crate::x86_64::avx2::decode_lanes`]): so
-    /// every pass gives a row its one-row bits, and `one_row_chains` costs nothing. Lane groups that share a stride (a task's two
-    /// 32-channel blocks, or one 64-channel block) run side by side, as many as keep eight chains: four for
-    /// one row, two for two, one for more.
+    /// every pass gives a row its one-row bits, and `one_row_chains` costs nothing. Lane groups that share a
+    /// stride (a task's two 32-channel blocks, or one 64-channel block) run side by side, as many as keep
+    /// eight chains: four for one row, two for two, one for more.
     fn decode_avx2_blocks(&self, tok: Avx2Fma, x: &[f32], m: usize, rows: usize, xs: &[f32], out: &mut [f32]) {
         let w = &self.weights;
         let k = w.k;
